@@ -1,0 +1,136 @@
+"""The ``pdserve`` command line.
+
+``pdserve up``     start (or join) a Ray cluster and serve the config's application until
+                   Ctrl-C / SIGTERM, then shut everything down.
+``pdserve model``  generate the tiny local model named by the config, if it is missing.
+``pdserve config`` validate a config file and print it with all defaults filled in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+
+from cluster.config import DEFAULT_CONFIG_PATH, ConfigError, PDServeConfig, load_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pdserve", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, help_text in [
+        ("up", "serve the application until interrupted"),
+        ("model", "generate the local tiny model if missing"),
+        ("config", "validate a config and print it with defaults"),
+    ]:
+        sub = commands.add_parser(name, help=help_text)
+        sub.add_argument("--config", type=Path, default=DEFAULT_CONFIG_PATH)
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as error:
+        print(f"pdserve: {error}", file=sys.stderr)
+        return 2
+    return {"up": _up, "model": _model, "config": _show_config}[args.command](config)
+
+
+def _show_config(config: PDServeConfig) -> int:
+    import yaml
+
+    print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    return 0
+
+
+def _model(config: PDServeConfig) -> int:
+    from cluster.tiny_model import ensure_model
+
+    try:
+        path = ensure_model(config.model.path, config.model.generate)
+    except FileNotFoundError as error:
+        print(f"pdserve: {error}", file=sys.stderr)
+        return 2
+    print(f"model ready at {path}")
+    return 0
+
+
+def _up(config: PDServeConfig) -> int:
+    if _model(config) != 0:
+        return 2
+    local = config.ray.address is None
+    if local and not _port_is_free(config.router.host, config.router.port):
+        print(f"pdserve: port {config.router.port} on {config.router.host} is in use",
+              file=sys.stderr)
+        return 2
+
+    import ray
+    from ray import serve
+
+    from cluster.app import APP_NAME, build_app
+
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+
+    _start_ray(config)
+    try:
+        serve.start(http_options={"host": config.router.host, "port": config.router.port})
+        serve.run(build_app(config), name=APP_NAME, route_prefix="/", blocking=False)
+        _print_banner(config)
+        stop.wait()
+        print("pdserve: shutting down", flush=True)
+    except RuntimeError as error:  # a deployment failed to start
+        print(f"pdserve: the application failed to start: {error}", file=sys.stderr)
+        return 1
+    finally:
+        if local:
+            serve.shutdown()
+            ray.shutdown()
+        else:
+            serve.delete(APP_NAME)
+    return 0
+
+
+def _start_ray(config: PDServeConfig) -> None:
+    import ray
+
+    if config.ray.address is not None:
+        ray.init(address=config.ray.address)
+        return
+    ray.init(
+        num_cpus=config.ray.num_cpus,
+        include_dashboard=False,
+        _node_ip_address=config.ray.node_ip_address,
+    )
+
+
+def _port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _print_banner(config: PDServeConfig) -> None:
+    base = f"http://{config.router.host}:{config.router.port}/v1"
+    print(
+        f"""
+pdserve is serving '{config.model.name}' at {base}
+
+  curl -N {base}/chat/completions -H 'Content-Type: application/json' \\
+    -d '{{"model": "{config.model.name}", "stream": true, "max_tokens": 32,
+         "messages": [{{"role": "user", "content": "Hello!"}}]}}'
+
+Press Ctrl-C to stop.
+""",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""Hosts one vLLM ``AsyncLLM`` inside a Ray Serve replica (the shell around the engine).
+
+Both pools use it: the prefill deployment as NIXL KV producer, the decode deployment as
+KV consumer. It applies the pure decisions of ``engine_config`` (arguments, environment,
+side-channel port), converts pdserve messages to vLLM objects, and keeps
+``EngineStats`` current through vLLM's stat-logger interface.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from cluster.config import PDServeConfig
+from cluster.engine_config import engine_env, engine_kwargs
+from cluster.engine_stats import EngineStats
+from cluster.messages import EngineRequest, SamplingSpec
+from kv_transfer.connector import Role, connector_config, engine_id_for
+
+logger = logging.getLogger(__name__)
+
+
+class EngineHost:
+    """One running vLLM engine plus its statistics."""
+
+    def __init__(self, engine: Any, stats: EngineStats):
+        self._engine = engine
+        self.stats = stats
+
+    @classmethod
+    def start(
+        cls,
+        config: PDServeConfig,
+        role: Role,
+        *,
+        replica_id: str,
+        side_channel_host: str,
+        side_channel_port: int,
+    ) -> EngineHost:
+        """Start an engine of ``role``. Blocks until the engine is ready (tens of seconds)."""
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        # The engine core runs in child processes that read these at their start.
+        os.environ.update(engine_env(config, role, side_channel_host, side_channel_port))
+        engine_id = engine_id_for(role, replica_id, side_channel_host, side_channel_port)
+        kv_config = connector_config(
+            role,
+            engine_id,
+            connector=config.kv_transfer.connector,
+            buffer_device=config.kv_transfer.buffer_device,
+            backends=config.kv_transfer.backends,
+        )
+        args = AsyncEngineArgs(**engine_kwargs(config, role, kv_config))
+        stats = EngineStats(role=role, engine_id=engine_id)
+        engine = AsyncLLM.from_engine_args(args, stat_loggers=[_stats_logger_factory(stats)])
+        logger.info("%s engine %s ready, NIXL side channel %s:%d",
+                    role, engine_id, side_channel_host, side_channel_port)
+        return cls(engine, stats)
+
+    async def generate(
+        self, request: EngineRequest, *, kv_transfer_params: Mapping[str, Any] | None,
+        max_tokens: int | None = None, stream_deltas: bool = True,
+    ) -> AsyncIterator[Any]:
+        """Run ``request`` and yield vLLM ``RequestOutput`` deltas.
+
+        Cancelling the consumer (a client that went away) aborts the request in the engine:
+        vLLM's ``generate`` aborts on ``CancelledError``/``GeneratorExit``.
+        """
+        from vllm.inputs import TokensPrompt
+
+        params = _sampling_params(request.sampling, kv_transfer_params, max_tokens, stream_deltas)
+        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        async for output in self._engine.generate(prompt, params, request.request_id):
+            yield output
+
+    async def abort(self, request_id: str) -> None:
+        await self._engine.abort(request_id)
+
+    async def release_kv(self, request_id: str, kv_transfer_params: Mapping[str, Any]) -> None:
+        """Tell the producer that holds these KV blocks to free them now (consumer side).
+
+        Used when a prefilled request will never be decoded (its client left between the
+        two phases), so the blocks do not stay pinned until their lease runs out.
+        """
+        await self._engine.notify_kv_transfer_request_rejected(
+            request_id, dict(kv_transfer_params)
+        )
+
+    async def check_health(self) -> None:
+        await self._engine.check_health()
+
+    def shutdown(self) -> None:
+        self._engine.shutdown()
+
+
+def _sampling_params(
+    spec: SamplingSpec,
+    kv_transfer_params: Mapping[str, Any] | None,
+    max_tokens: int | None,
+    stream_deltas: bool,
+):
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    extra_args = {"kv_transfer_params": dict(kv_transfer_params)} if kv_transfer_params else None
+    return SamplingParams(
+        max_tokens=spec.max_tokens if max_tokens is None else max_tokens,
+        temperature=spec.temperature,
+        top_p=spec.top_p,
+        seed=spec.seed,
+        stop=list(spec.stop) or None,
+        presence_penalty=spec.presence_penalty,
+        frequency_penalty=spec.frequency_penalty,
+        ignore_eos=spec.ignore_eos,
+        output_kind=RequestOutputKind.DELTA if stream_deltas else RequestOutputKind.FINAL_ONLY,
+        extra_args=extra_args,
+    )
+
+
+def _stats_logger_factory(stats: EngineStats):
+    """A vLLM stat-logger factory whose loggers feed ``stats``."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class _Logger(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0):
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
+            if scheduler_stats is not None:
+                stats.observe_scheduler(
+                    scheduler_stats.kv_cache_usage,
+                    scheduler_stats.num_running_reqs,
+                    scheduler_stats.num_waiting_reqs,
+                )
+                _observe_connector(stats, scheduler_stats.kv_connector_stats)
+            if iteration_stats is not None:
+                tokens = iteration_stats.prompt_token_stats
+                stats.observe_iteration(
+                    computed=tokens.computed,
+                    cached=tokens.local_cache_hit,
+                    transferred=tokens.external_kv_transfer,
+                    generation_tokens=iteration_stats.num_generation_tokens,
+                    finished=len(iteration_stats.finished_requests),
+                )
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return _Logger
+
+
+def _observe_connector(stats: EngineStats, data: Mapping[str, Any] | None) -> None:
+    # NixlKVConnectorStats.data: lists of per-transfer observations since the last report.
+    if not data:
+        return
+    failures = sum(
+        len(data.get(key, []))
+        for key in ("num_failed_transfers", "num_failed_handshakes", "num_failed_notifications")
+    )
+    stats.observe_transfers(
+        num_transfers=len(data.get("transfer_duration", [])),
+        num_bytes=int(sum(data.get("bytes_transferred", []))),
+        failures=failures,
+    )

@@ -1,0 +1,71 @@
+"""The decode deployment: a vLLM engine as NIXL KV consumer.
+
+``generate`` takes the tokenized prompt and, when the request was prefilled remotely, the
+``KVHandle``; the engine's NixlConnector pulls the blocks from the prefill engine (the
+decode engine computes only what was not transferred, e.g. a trailing partial block) and
+tokens stream back as ``TokenChunk`` deltas. Without a handle the decode engine prefills the
+prompt itself (the decode-local path).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+from ray import serve
+
+from cluster.config import PDServeConfig
+from cluster.engine_host import EngineHost
+from cluster.messages import EngineRequest, TokenChunk
+from cluster.replica import current_replica_identity
+from kv_transfer.handle import KVHandle
+
+logger = logging.getLogger(__name__)
+
+
+@serve.deployment
+class DecodeServer:
+    def __init__(self, config: PDServeConfig, pool_index: int = 1):
+        identity = current_replica_identity(config, pool_index)
+        self._host = EngineHost.start(
+            config,
+            "decode",
+            replica_id=identity.replica_id,
+            side_channel_host=identity.side_channel_host,
+            side_channel_port=identity.side_channel_port,
+        )
+
+    async def generate(
+        self, request: EngineRequest, handle: KVHandle | None
+    ) -> AsyncIterator[TokenChunk]:
+        """Stream the completion of ``request``; cancelling the stream aborts it."""
+        params = handle.to_params() if handle is not None else None
+        prompt_tokens = len(request.prompt_token_ids)
+        completion_tokens = 0
+        async for output in self._host.generate(request, kv_transfer_params=params):
+            completion = output.outputs[0]
+            completion_tokens += len(completion.token_ids)
+            yield TokenChunk(
+                text=completion.text,
+                token_ids=tuple(completion.token_ids),
+                completion_tokens=completion_tokens,
+                prompt_tokens=prompt_tokens,
+                finish_reason=completion.finish_reason if output.finished else None,
+                cached_prompt_tokens=output.num_cached_tokens or 0,
+                stop_reason=completion.stop_reason,
+            )
+
+    async def release(self, request_id: str, handle: KVHandle) -> None:
+        """Free a handle's blocks on its prefill engine without decoding it."""
+        await self._host.release_kv(request_id, handle.to_params())
+
+    async def stats(self) -> dict:
+        return self._host.stats.snapshot()
+
+    async def check_health(self) -> None:
+        await self._host.check_health()
+
+    def __del__(self) -> None:
+        host = getattr(self, "_host", None)
+        if host is not None:
+            host.shutdown()

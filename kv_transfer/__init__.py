@@ -1,0 +1,19 @@
+"""The KV-transfer layer: what passes between the prefill and decode pools.
+
+Pure modules only (no Ray, vLLM, torch or HTTP): the typed KV handle, the NIXL side-channel
+addressing that keeps replicas from colliding, and the vLLM connector configuration of
+each role. The engines apply them; vLLM's NixlConnector moves the blocks.
+"""
+
+from kv_transfer.connector import connector_config, engine_id_for
+from kv_transfer.handle import KVHandle, prefill_request_params
+from kv_transfer.ports import PortPlan, side_channel_port
+
+__all__ = [
+    "KVHandle",
+    "PortPlan",
+    "connector_config",
+    "engine_id_for",
+    "prefill_request_params",
+    "side_channel_port",
+]

@@ -1,0 +1,38 @@
+"""vLLM connector configuration for each role."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+Role = Literal["prefill", "decode"]
+
+# vLLM deprecated kv_both for disaggregation: producer on the prefill side, consumer on
+# the decode side, so each engine only does the half of the protocol it needs.
+_KV_ROLE: dict[Role, str] = {"prefill": "kv_producer", "decode": "kv_consumer"}
+
+
+def engine_id_for(pool: str, replica_id: str, host: str, port: int) -> str:
+    """A NIXL engine id unique across the cluster and readable in logs.
+
+    vLLM uses the engine id as the key of its handshake cache, so two replicas with the
+    same id would corrupt each other's transfers.
+    """
+    return f"{pool}-{replica_id}-{host}-{port}"
+
+
+def connector_config(
+    role: Role,
+    engine_id: str,
+    *,
+    connector: str = "NixlConnector",
+    buffer_device: str = "cpu",
+    backends: list[str] | None = None,
+) -> dict[str, Any]:
+    """The ``kv_transfer_config`` argument of a vLLM engine of the given role."""
+    return {
+        "kv_connector": connector,
+        "kv_role": _KV_ROLE[role],
+        "kv_buffer_device": buffer_device,
+        "engine_id": engine_id,
+        "kv_connector_extra_config": {"backends": list(backends or ["UCX"])},
+    }

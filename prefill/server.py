@@ -1,0 +1,64 @@
+"""The prefill deployment: a vLLM engine as NIXL KV producer.
+
+``prefill`` runs the prompt (one forward pass over it, chunked by vLLM's scheduler when
+long), keeps the KV blocks pinned for a remote decode engine and returns a ``KVHandle``
+saying where they are. The blocks are freed when the decode engine has read them, when it
+rejects them, or when their lease expires.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ray import serve
+
+from cluster.config import PDServeConfig
+from cluster.engine_host import EngineHost
+from cluster.messages import EngineRequest, PrefillResult
+from cluster.replica import current_replica_identity
+from kv_transfer.handle import KVHandle, prefill_request_params
+
+logger = logging.getLogger(__name__)
+
+
+@serve.deployment
+class PrefillServer:
+    def __init__(self, config: PDServeConfig, pool_index: int = 0):
+        identity = current_replica_identity(config, pool_index)
+        self._host = EngineHost.start(
+            config,
+            "prefill",
+            replica_id=identity.replica_id,
+            side_channel_host=identity.side_channel_host,
+            side_channel_port=identity.side_channel_port,
+        )
+
+    async def prefill(self, request: EngineRequest) -> PrefillResult:
+        """Compute the prompt's KV and return where it waits for a decode engine."""
+        final = None
+        async for output in self._host.generate(
+            request,
+            kv_transfer_params=prefill_request_params(),
+            max_tokens=1,  # the producer's own sampled token is discarded
+            stream_deltas=False,
+        ):
+            final = output
+        if final is None:  # the engine ended the stream without an output
+            raise RuntimeError(f"prefill of {request.request_id} produced no output")
+        params = final.kv_transfer_params
+        return PrefillResult(
+            handle=KVHandle.model_validate(params) if params else None,
+            prompt_tokens=len(request.prompt_token_ids),
+            cached_prompt_tokens=final.num_cached_tokens or 0,
+        )
+
+    async def stats(self) -> dict:
+        return self._host.stats.snapshot()
+
+    async def check_health(self) -> None:
+        await self._host.check_health()
+
+    def __del__(self) -> None:
+        host = getattr(self, "_host", None)
+        if host is not None:
+            host.shutdown()

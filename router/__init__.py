@@ -1,0 +1,1 @@
+"""The router: OpenAI-compatible ingress, request validation and the prefill→decode flow."""

@@ -1,0 +1,83 @@
+"""OpenAI-style errors (pure): every failure a client sees is one of these.
+
+The body is ``{"error": {"message", "type", "param", "code"}}`` as OpenAI's API sends it,
+so official clients raise their usual exception classes (``BadRequestError``, …).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class APIError(Exception):
+    """An error answered to the client with ``status`` and an OpenAI error body."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",  # OpenAI calls the field "type"
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.type}: {self.message}"
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, "invalid_request_error", param, code)
+
+
+def model_not_found(model: str) -> APIError:
+    return APIError(
+        404,
+        f"The model '{model}' does not exist",
+        "invalid_request_error",
+        "model",
+        "model_not_found",
+    )
+
+
+def route_not_found(path: str) -> APIError:
+    return APIError(404, f"Unknown path {path}", "invalid_request_error", None, "not_found")
+
+
+def method_not_allowed(method: str, path: str) -> APIError:
+    return APIError(
+        405, f"Method {method} is not allowed on {path}", "invalid_request_error", None,
+        "method_not_allowed",
+    )
+
+
+def service_unavailable(message: str, retry_after_s: int = 1) -> APIError:
+    return APIError(
+        503, message, "service_unavailable", None, "service_unavailable",
+        headers={"Retry-After": str(retry_after_s)},
+    )
+
+
+def internal_error(request_id: str) -> APIError:
+    # Never the exception text: it may hold internals. The id finds it in the logs.
+    return APIError(
+        500, f"Internal error while serving request {request_id}", "internal_error", None,
+        "internal_error",
+    )

@@ -1,0 +1,42 @@
+"""How failures inside the cluster reach a client (shell: knows Ray's exception types).
+
+Kept out of ``router.server``: Serve captures the ingress class while that module is still
+being imported, so helpers the class calls must live in a module imported before it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi.responses import JSONResponse
+
+from router.errors import APIError, internal_error, service_unavailable
+
+logger = logging.getLogger(__name__)
+
+
+def error_response(error: APIError, request_id: str | None = None) -> JSONResponse:
+    headers = dict(error.headers)
+    if request_id:
+        headers["x-request-id"] = request_id
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+def client_error(error: BaseException, request_id: str) -> APIError:
+    """What the client is told about a failure inside the pools (details go to the log)."""
+    if isinstance(error, APIError):
+        return error
+    from ray import exceptions as ray_exceptions
+    from ray.serve import exceptions as serve_exceptions
+
+    unavailable = (
+        serve_exceptions.BackPressureError,
+        serve_exceptions.DeploymentUnavailableError,
+        ray_exceptions.RayActorError,
+        ray_exceptions.ActorUnavailableError,
+    )
+    if isinstance(error, unavailable):
+        logger.warning("request %s: engine unavailable: %r", request_id, error)
+        return service_unavailable("the model's engines are unavailable; retry shortly")
+    logger.error("request %s failed: %r", request_id, error, exc_info=error)
+    return internal_error(request_id)

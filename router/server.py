@@ -1,0 +1,192 @@
+"""The OpenAI-compatible ingress deployment (shell).
+
+Parses and validates requests (``router.protocol``), tokenizes them (one tokenizer for
+both pools, so both engines see identical token ids), runs them through the pools
+(``router.flow``) and writes OpenAI responses or SSE streams (``router.openai_format``).
+Every failure leaves as an OpenAI-style JSON error; no stack trace reaches a client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from ray import serve
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from cluster.config import PDServeConfig
+from cluster.messages import EngineRequest, TokenChunk
+from router import openai_format as fmt
+from router.errors import (
+    APIError,
+    bad_request,
+    method_not_allowed,
+    model_not_found,
+    route_not_found,
+    service_unavailable,
+)
+from router.failures import client_error, error_response
+from router.flow import DisaggregatedFlow, prepend
+from router.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    check_token_ids,
+    parse_request,
+    resolve_max_tokens,
+)
+
+logger = logging.getLogger(__name__)
+
+app = FastAPI(title="pdserve", docs_url=None, redoc_url=None)
+
+
+@app.exception_handler(APIError)
+async def _api_error(_: Request, error: APIError) -> JSONResponse:
+    return error_response(error)
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+    if error.status_code == 405:
+        return error_response(method_not_allowed(request.method, request.url.path))
+    return error_response(route_not_found(request.url.path))
+
+
+@app.exception_handler(RequestValidationError)
+async def _validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
+    return error_response(bad_request(str(error.errors()[0].get("msg", "invalid request"))))
+
+
+@serve.deployment
+@serve.ingress(app)
+class Router:
+    def __init__(self, config: PDServeConfig, prefill_handle, decode_handle):
+        from transformers import AutoTokenizer
+
+        self._config = config
+        self._tokenizer = AutoTokenizer.from_pretrained(str(config.model.path))
+        self._vocab_size = len(self._tokenizer)
+        self._flow = DisaggregatedFlow(prefill_handle, decode_handle)
+        self._created = int(time.time())
+
+    # ---- endpoints -------------------------------------------------------------------
+
+    @app.get("/health")
+    async def health(self) -> JSONResponse:
+        try:
+            await asyncio.wait_for(self._flow.pool_stats(), timeout=5)
+        except Exception:  # any pool unreachable means not ready for traffic
+            return error_response(service_unavailable("an engine pool is not available", 5))
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/v1/models")
+    async def models(self) -> JSONResponse:
+        model = {
+            "id": self._config.model.name,
+            "object": "model",
+            "created": self._created,
+            "owned_by": "pdserve",
+            "max_model_len": self._config.engine.max_model_len,
+        }
+        return JSONResponse({"object": "list", "data": [model]})
+
+    @app.get("/admin/stats")
+    async def stats(self) -> JSONResponse:
+        return JSONResponse(await self._flow.pool_stats())
+
+    @app.post("/v1/completions")
+    async def completions(self, request: Request):
+        body = parse_request(await request.body(), CompletionRequest)
+        prompt = body.single_prompt()
+        if isinstance(prompt, str):
+            prompt_ids = self._tokenizer.encode(prompt)
+        else:
+            check_token_ids(prompt, self._vocab_size)
+            prompt_ids = list(prompt)
+        return await self._serve(body, prompt_ids, "completion", "cmpl")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request):
+        body = parse_request(await request.body(), ChatCompletionRequest)
+        try:
+            text = self._tokenizer.apply_chat_template(
+                body.template_messages(), tokenize=False, add_generation_prompt=True
+            )
+        except Exception as error:  # a template may refuse e.g. a role order it cannot render
+            raise bad_request(f"messages cannot be rendered: {error}", "messages") from None
+        prompt_ids = self._tokenizer.encode(text, add_special_tokens=False)
+        return await self._serve(body, prompt_ids, "chat", "chatcmpl")
+
+    # ---- the serving path ------------------------------------------------------------
+
+    async def _serve(self, body, prompt_ids: list[int], kind: fmt.Kind, id_prefix: str):
+        if body.model != self._config.model.name:
+            raise model_not_found(body.model)
+        max_tokens = resolve_max_tokens(
+            len(prompt_ids),
+            body.requested_max_tokens(),
+            self._config.engine.max_model_len,
+            self._config.router.default_max_tokens,
+        )
+        request_id = f"{id_prefix}-{uuid.uuid4().hex}"
+        engine_request = EngineRequest(request_id, tuple(prompt_ids), body.sampling(max_tokens))
+        meta = fmt.ResponseMeta(
+            request_id, body.model, int(time.time()), kind, body.return_token_ids
+        )
+        chunks = self._flow.generate(engine_request)
+        try:
+            # Wait for the first token before answering, so that a failure before any
+            # output still gets a proper status code instead of an error inside a 200 stream.
+            first = await anext(chunks)
+        except Exception as error:
+            await chunks.aclose()
+            return error_response(client_error(error, request_id), request_id)
+        headers = {"x-request-id": request_id}
+        if body.stream:
+            events = self._events(meta, prompt_ids, first, chunks, body.include_usage)
+            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+        try:
+            return JSONResponse(
+                await self._collect(meta, prompt_ids, first, chunks), headers=headers
+            )
+        except Exception as error:
+            return error_response(client_error(error, request_id), request_id)
+
+    async def _collect(self, meta, prompt_ids, first: TokenChunk, chunks) -> dict:
+        texts, token_ids, last = [], [], first
+        async for chunk in prepend(first, chunks):
+            texts.append(chunk.text)
+            token_ids.extend(chunk.token_ids)
+            last = chunk
+        return fmt.full_response(
+            meta, "".join(texts), token_ids, prompt_ids, last.finish_reason,
+            last.completion_tokens, last.cached_prompt_tokens,
+        )
+
+    async def _events(
+        self, meta, prompt_ids, first: TokenChunk, chunks, include_usage: bool
+    ) -> AsyncIterator[str]:
+        try:
+            start = fmt.stream_start(meta, prompt_ids)
+            if start:
+                yield start
+            last = first
+            async for chunk in prepend(first, chunks):
+                event = fmt.stream_chunk(meta, chunk)
+                if event:
+                    yield event
+                last = chunk
+            if include_usage:
+                yield fmt.stream_usage(meta, last)
+        except Exception as error:  # the status line is gone: report inside the stream
+            yield fmt.stream_error(client_error(error, meta.request_id).body())
+        finally:
+            await chunks.aclose()
+        yield fmt.DONE_EVENT
+
