@@ -114,6 +114,11 @@ class KVTransferConfig(_Strict):
         None, description="address peers use to reach an engine; default: the Ray node IP"
     )
     backends: list[str] = Field(default_factory=lambda: ["UCX"])
+    progress_thread: bool = Field(
+        True,
+        description="NIXL's progress thread; it spins a core per engine, so CPU nodes turn "
+        "it off (see kv_transfer/vllm_plugin.py)",
+    )
     ucx_tls: str | None = Field(
         "tcp,self", description="UCX_TLS for engines; tcp is needed on machines without RDMA"
     )

@@ -11,6 +11,7 @@ from typing import Any
 
 from cluster.config import PDServeConfig, PoolConfig
 from kv_transfer.connector import Role
+from kv_transfer.vllm_plugin import PROGRESS_THREAD_ENV
 
 
 def pool_config(config: PDServeConfig, role: Role) -> PoolConfig:
@@ -57,6 +58,8 @@ def engine_env(
     }
     if config.engine.cpu_kvcache_space_gib is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = _gib_str(config.engine.cpu_kvcache_space_gib)
+    if not config.kv_transfer.progress_thread:
+        env[PROGRESS_THREAD_ENV] = "0"
     if config.kv_transfer.ucx_tls:
         env["UCX_TLS"] = config.kv_transfer.ucx_tls
     env.update(pool_config(config, role).env)

@@ -167,6 +167,7 @@ def _refuse_unsupported(request: _CommonParams) -> None:
     if request.logprobs not in (None, False, 0):
         raise bad_request("logprobs are not supported", "logprobs", "unsupported_parameter")
     if isinstance(request, CompletionRequest):
+        request.single_prompt()  # refuses batched and empty prompts
         if request.echo:
             raise bad_request("echo is not supported", "echo", "unsupported_parameter")
         if request.suffix:

@@ -1,0 +1,143 @@
+"""Serving behaviour on the real stack: clients, concurrency, bad input, disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+
+from tests.integration.conftest import MODEL, engine_stats, wait_until_idle
+from tests.integration.openai_http import generate
+
+pytestmark = pytest.mark.integration
+
+
+def test_official_openai_client_streams_chat(pdserve):
+    client = openai.OpenAI(base_url=f"{pdserve}/v1", api_key="unused", max_retries=0)
+    assert [model.id for model in client.models.list()] == [MODEL]
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Write a haiku about tea."}],
+        max_tokens=24, temperature=0, stream=True, stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and
+              c.choices[0].finish_reason]
+    assert content and finish in (["length"], ["stop"])
+    assert chunks[-1].usage.completion_tokens <= 24
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="no-such-model",
+                                       messages=[{"role": "user", "content": "x"}])
+
+
+def test_sixteen_concurrent_streams_complete_and_free_their_kv(pdserve):
+    before = wait_until_idle(pdserve)
+    lengths = [16 + 3 * i for i in range(16)]
+
+    async def one(client: httpx.AsyncClient, i: int) -> tuple[int, int, str | None]:
+        body = {"model": MODEL, "prompt": f"Request {i}: " + "tell me more " * (5 + 7 * i),
+                "max_tokens": lengths[i], "ignore_eos": True, "stream": True,
+                "return_token_ids": True, "stream_options": {"include_usage": True}}
+        tokens, usage, finish = 0, None, None
+        async with client.stream("POST", "/v1/completions", json=body) as response:
+            assert response.status_code == 200
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                for choice in event["choices"]:
+                    tokens += len(choice["token_ids"])
+                    finish = choice["finish_reason"] or finish
+                usage = event.get("usage") or usage
+        assert usage["completion_tokens"] == tokens
+        return tokens, lengths[i], finish
+
+    async def all_of_them():
+        async with httpx.AsyncClient(base_url=pdserve, timeout=300) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(16)))
+
+    results = asyncio.run(all_of_them())
+    assert [got for got, _, _ in results] == lengths
+    assert {finish for _, _, finish in results} == {"length"}
+
+    after = wait_until_idle(pdserve)  # both engines idle, no KV block held
+    for pool in ("prefill", "decode"):
+        finished = after[pool]["requests_finished"] - before[pool]["requests_finished"]
+        assert finished == 16, f"{pool} finished {finished} requests, expected 16"
+    generated = after["decode"]["generation_tokens"] - before["decode"]["generation_tokens"]
+    assert generated == sum(lengths)
+
+
+BAD_REQUESTS = [
+    # (path, raw body, status, error code, param)
+    ("/v1/completions", b'{"model": "tiny-llama", "prompt": ', 400, "invalid_json", None),
+    ("/v1/chat/completions", b"not json at all", 400, "invalid_json", None),
+    ("/v1/completions", {"model": MODEL}, 400, "missing_required_parameter", "prompt"),
+    ("/v1/chat/completions", {"model": MODEL}, 400, "missing_required_parameter", "messages"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": "ten"}, 400,
+     "invalid_value", "max_tokens"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": "hello"}, 400, "invalid_value",
+     "messages"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 0}, 400,
+     "invalid_value", "max_tokens"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": -1}, 400,
+     "invalid_value", "max_tokens"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x" * 9000}, 400,
+     "context_length_exceeded", "messages"),
+    ("/v1/chat/completions", {"model": MODEL, "max_tokens": 8000,
+                              "messages": [{"role": "user", "content": "y" * 500}]}, 400,
+     "context_length_exceeded", "max_tokens"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 2}, 400,
+     "unsupported_parameter", "n"),
+    ("/v1/chat/completions", {"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]},
+     404, "model_not_found", "model"),
+    ("/v1/embeddings", {"model": MODEL, "input": "x"}, 404, "not_found", None),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "status", "code", "param"), BAD_REQUESTS)
+def test_bad_input_gets_an_openai_error_and_the_service_keeps_serving(
+    pdserve, path, body, status, code, param
+):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response = httpx.post(f"{pdserve}{path}", content=content,
+                          headers={"content-type": "application/json"}, timeout=60)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == (code, param)
+    assert error["message"] and error["type"] and "Traceback" not in response.text
+    healthy = generate(pdserve, "completion", MODEL, "still there?", stream=False, max_tokens=4)
+    assert healthy.status == 200 and healthy.usage["completion_tokens"] >= 1
+
+
+def test_client_disconnect_aborts_the_request_on_both_engines(pdserve):
+    before = wait_until_idle(pdserve)
+    body = {"model": MODEL, "prompt": "go on forever " * 40, "max_tokens": 4000,
+            "ignore_eos": True, "stream": True}
+    with (
+        httpx.Client(base_url=pdserve, timeout=60) as client,
+        client.stream("POST", "/v1/completions", json=body) as response,
+    ):
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        received = [next(lines) for _ in range(6)]
+        assert all(line.startswith("data: ") or not line for line in received)
+    # leaving the block closed the connection mid-stream
+    after = wait_until_idle(pdserve, timeout_s=60)
+    generated = after["decode"]["generation_tokens"] - before["decode"]["generation_tokens"]
+    assert 0 < generated < 4000, "the aborted request must stop generating"
+    # The engines keep serving.
+    assert generate(pdserve, "chat", MODEL, "hello again", stream=True, max_tokens=4).status == 200
+    assert engine_stats(pdserve)["decode"]["num_running"] == 0
+
+
+def test_health_and_models(pdserve):
+    assert httpx.get(f"{pdserve}/health").json() == {"status": "ok"}
+    models = httpx.get(f"{pdserve}/v1/models").json()
+    assert models["object"] == "list" and models["data"][0]["id"] == MODEL
+    wrong_method = httpx.get(f"{pdserve}/v1/completions")
+    assert wrong_method.status_code == 405
+    assert wrong_method.json()["error"]["code"] == "method_not_allowed"

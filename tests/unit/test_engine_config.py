@@ -1,0 +1,62 @@
+"""Engine arguments, environment and deployment options derived from the config."""
+
+from cluster.config import parse_config
+from cluster.engine_config import engine_env, engine_kwargs, pool_deployment_options
+from cluster.engine_stats import EngineStats
+
+BASE = {
+    "model": {"name": "m", "path": "/models/m"},
+    "engine": {"dtype": "float32", "block_size": 32, "cpu_kvcache_space_gib": 1,
+               "extra": {"max_logprobs": 5}},
+    "prefill": {"engine_overrides": {"max_num_batched_tokens": 512},
+                "env": {"VLLM_CPU_OMP_THREADS_BIND": "0"}},
+}
+
+
+def test_engine_kwargs_merge_shared_then_pool():
+    config = parse_config(BASE)
+    prefill = engine_kwargs(config, "prefill", {"kv_role": "kv_producer"})
+    decode = engine_kwargs(config, "decode", None)
+    assert prefill["max_num_batched_tokens"] == 512 and "max_num_batched_tokens" not in decode
+    assert prefill["block_size"] == decode["block_size"] == 32
+    assert prefill["max_logprobs"] == 5
+    assert prefill["kv_transfer_config"] == {"kv_role": "kv_producer"}
+    assert "kv_transfer_config" not in decode
+    assert prefill["disable_log_stats"] is False
+
+
+def test_engine_env_has_unique_side_channel_and_pool_env():
+    config = parse_config(BASE)
+    env = engine_env(config, "prefill", "10.0.0.5", 15601)
+    assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "10.0.0.5"
+    assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "15601"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in engine_env(config, "decode", "h", 1)
+
+
+def test_deployment_options_single_device_and_tensor_parallel():
+    config = parse_config({**BASE, "decode": {"num_gpus": 1, "resources": {"decode_node": 1}}})
+    single = pool_deployment_options(config.decode)
+    assert single["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 1,
+                                           "resources": {"decode_node": 1}}
+    tp4 = parse_config({**BASE, "prefill": {"num_gpus": 1, "tensor_parallel_size": 4,
+                                            "resources": {"prefill_node": 0.25}}})
+    options = pool_deployment_options(tp4.prefill)
+    bundles = options["placement_group_bundles"]
+    assert len(bundles) == 5 and bundles[1] == {"GPU": 1, "prefill_node": 0.25}
+    assert options["placement_group_strategy"] == "STRICT_PACK"
+
+
+def test_engine_stats_idle_only_when_nothing_held():
+    stats = EngineStats(role="decode", engine_id="e")
+    assert stats.is_idle
+    stats.observe_scheduler(kv_cache_usage=0.01, num_running=0, num_waiting=0)
+    assert not stats.is_idle
+    stats.observe_scheduler(kv_cache_usage=0.0, num_running=0, num_waiting=0)
+    stats.observe_iteration(computed=3, cached=2, transferred=96, generation_tokens=4,
+                            finished=1)
+    stats.observe_transfers(num_transfers=1, num_bytes=4096, failures=0)
+    snapshot = stats.snapshot()
+    assert snapshot["is_idle"] and snapshot["prompt_tokens_transferred"] == 96
+    assert snapshot["kv_bytes_transferred"] == 4096 and snapshot["requests_finished"] == 1

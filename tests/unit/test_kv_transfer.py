@@ -1,0 +1,90 @@
+"""The KV handle, side-channel ports and connector configs (pure parts of kv_transfer)."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kv_transfer import (
+    KVHandle,
+    PortPlan,
+    connector_config,
+    prefill_request_params,
+    side_channel_port,
+)
+
+# What vLLM's NIXL producer returned for a 1,040-token prompt with 32-token blocks.
+PRODUCER_PARAMS = {
+    "do_remote_prefill": True,
+    "do_remote_decode": False,
+    "remote_block_ids": [list(range(1, 34))],
+    "remote_engine_id": "prefill-abc-127.0.0.1-15600",
+    "remote_request_id": "cmpl-1-a78d9a0e",
+    "remote_host": "127.0.0.1",
+    "remote_port": 15600,
+    "tp_size": 1,
+    "dcp_size": 1,
+    "pp_size": 1,
+    "remote_num_tokens": 1040,
+    "remote_blocks_expiry_time": None,
+    "transfer_mode": "pull",
+}
+
+
+def test_handle_round_trips_every_field_including_unknown_ones():
+    handle = KVHandle.model_validate(PRODUCER_PARAMS)
+    assert handle.to_params() == PRODUCER_PARAMS  # dcp_size, transfer_mode kept verbatim
+    assert handle.num_blocks == 33
+    assert handle.carries_kv
+
+
+def test_handle_without_blocks_carries_no_kv():
+    handle = KVHandle.model_validate({**PRODUCER_PARAMS, "remote_block_ids": [[]]})
+    assert handle.num_blocks == 0 and not handle.carries_kv
+
+
+def test_handle_rejects_missing_address():
+    params = dict(PRODUCER_PARAMS)
+    del params["remote_host"]
+    with pytest.raises(ValueError, match="remote_host"):
+        KVHandle.model_validate(params)
+
+
+def test_prefill_params_ask_for_remote_decode():
+    params = prefill_request_params()
+    assert params["do_remote_decode"] is True and params["do_remote_prefill"] is False
+
+
+def test_connector_roles():
+    assert connector_config("prefill", "e1")["kv_role"] == "kv_producer"
+    decode = connector_config("decode", "e2", buffer_device="cuda", backends=["UCX", "GDS"])
+    assert decode["kv_role"] == "kv_consumer"
+    assert decode["kv_buffer_device"] == "cuda"
+    assert decode["engine_id"] == "e2"
+    assert decode["kv_connector_extra_config"] == {"backends": ["UCX", "GDS"]}
+
+
+@given(
+    ports_per_replica=st.integers(1, 8),
+    replicas=st.integers(1, 16),
+    pools=st.integers(1, 6),
+)
+def test_ports_never_collide(ports_per_replica, replicas, pools):
+    plan = PortPlan(base_port=15600, span=16 * 8, ports_per_replica=ports_per_replica)
+    used: set[int] = set()
+    for pool in range(pools):
+        for rank in range(replicas):
+            first = side_channel_port(plan, pool, rank)
+            block = set(range(first, first + ports_per_replica))
+            assert not block & used, "two engines on one node would share a port"
+            used |= block
+
+
+def test_port_plan_limits():
+    plan = PortPlan(base_port=15600, span=4, ports_per_replica=2)
+    assert side_channel_port(plan, 1, 1) == 15600 + 4 + 2
+    with pytest.raises(ValueError, match="side_channel_port_span"):
+        side_channel_port(plan, 0, 2)
+    with pytest.raises(ValueError, match="out of range"):
+        side_channel_port(PortPlan(base_port=65530, span=8), 1, 0)
+    with pytest.raises(ValueError):
+        PortPlan(base_port=80, span=8)
