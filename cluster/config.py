@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 DEFAULT_CONFIG_PATH = Path("ray_configs/local.yaml")
 
@@ -58,6 +65,12 @@ class ModelConfig(_Strict):
     generate: TinyModelSpec | None = Field(
         None, description="generate a tiny random model at `path` if it is missing (dev only)"
     )
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, path: Path) -> Path:
+        # Relative paths mean "from where pdserve was started"; every Ray worker must agree.
+        return path.expanduser().absolute()
 
 
 class EngineConfig(_Strict):

@@ -68,7 +68,7 @@ def full_response(
         choice["token_ids"] = token_ids
     body = _envelope(meta, False, [choice])
     if meta.return_token_ids:
-        body["prompt_token_ids"] = prompt_token_ids
+        _attach_prompt_ids(meta, body, prompt_token_ids)
     body["usage"] = usage(len(prompt_token_ids), completion_tokens, cached_tokens)
     return body
 
@@ -83,12 +83,27 @@ def stream_start(meta: ResponseMeta, prompt_token_ids: list[int]) -> str | None:
     }
     body = _envelope(meta, True, [choice])
     if meta.return_token_ids:
-        body["prompt_token_ids"] = prompt_token_ids
+        _attach_prompt_ids(meta, body, prompt_token_ids)
     return sse(body)
 
 
-def stream_chunk(meta: ResponseMeta, chunk: TokenChunk) -> str | None:
-    """One event for a chunk of tokens, or None when it carries nothing to send."""
+def _attach_prompt_ids(meta: ResponseMeta, body: dict[str, Any], ids: list[int]) -> None:
+    # Where vLLM's server puts them (`return_token_ids`): in the choice for completions,
+    # at the top level for chat.
+    if meta.kind == "completion":
+        body["choices"][0]["prompt_token_ids"] = ids
+    else:
+        body["prompt_token_ids"] = ids
+
+
+def stream_chunk(
+    meta: ResponseMeta, chunk: TokenChunk, prompt_token_ids: list[int] | None = None
+) -> str | None:
+    """One event for a chunk of tokens, or None when it carries nothing to send.
+
+    ``prompt_token_ids`` goes with the first event of a completion stream (a chat stream
+    announces them in its start event).
+    """
     if not chunk.text and not chunk.token_ids and chunk.finish_reason is None:
         return None
     if meta.kind == "completion":
@@ -97,9 +112,12 @@ def stream_chunk(meta: ResponseMeta, chunk: TokenChunk) -> str | None:
         delta = {"content": chunk.text} if chunk.text or chunk.finish_reason is None else {}
         choice = {"index": 0, "delta": delta, "logprobs": None}
     choice["finish_reason"] = chunk.finish_reason
+    body = _envelope(meta, True, [choice])
     if meta.return_token_ids:
         choice["token_ids"] = list(chunk.token_ids)
-    return sse(_envelope(meta, True, [choice]))
+        if prompt_token_ids is not None:
+            _attach_prompt_ids(meta, body, prompt_token_ids)
+    return sse(body)
 
 
 def stream_usage(meta: ResponseMeta, last: TokenChunk) -> str:

@@ -177,10 +177,12 @@ class Router:
             if start:
                 yield start
             last = first
+            pending_prompt_ids = None if start else prompt_ids
             async for chunk in prepend(first, chunks):
-                event = fmt.stream_chunk(meta, chunk)
+                event = fmt.stream_chunk(meta, chunk, pending_prompt_ids)
                 if event:
                     yield event
+                    pending_prompt_ids = None
                 last = chunk
             if include_usage:
                 yield fmt.stream_usage(meta, last)

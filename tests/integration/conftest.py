@@ -119,8 +119,11 @@ def _wait_for_exit(before: set[tuple[int, str]], timeout_s: float = 30) -> set:
 
 
 @pytest.fixture(scope="module")
-def reference() -> Iterator[str]:
-    """A plain colocated vLLM OpenAI server on the same model and engine settings."""
+def reference(pdserve) -> Iterator[str]:
+    """A plain colocated vLLM OpenAI server on the same model and engine settings.
+
+    Started after pdserve, which generates the tiny model on a fresh checkout.
+    """
     engine = CONFIG.engine
     process, log = _start(
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server",

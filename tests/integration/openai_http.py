@@ -76,8 +76,10 @@ def _from_events(response: httpx.Response) -> Generation:
         if "error" in event:
             result.error = event["error"]
             continue
-        if result.prompt_token_ids is None:
-            result.prompt_token_ids = event.get("prompt_token_ids") or None
+        if result.prompt_token_ids is None:  # chat: top level; completions: in the choice
+            choices = event.get("choices") or [{}]
+            result.prompt_token_ids = (event.get("prompt_token_ids")
+                                       or choices[0].get("prompt_token_ids"))
         if event.get("usage"):
             result.usage = event["usage"]
         for choice in event["choices"]:

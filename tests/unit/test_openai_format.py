@@ -17,9 +17,9 @@ def event(text: str) -> dict:
 def test_full_completion():
     body = fmt.full_response(COMPLETION, "hey", [1, 2, 3], [9, 9], "length", 3, cached_tokens=1)
     assert body["object"] == "text_completion"
+    assert body["choices"][0].pop("prompt_token_ids") == [9, 9]
     assert body["choices"] == [{"index": 0, "text": "hey", "logprobs": None,
                                 "finish_reason": "length", "token_ids": [1, 2, 3]}]
-    assert body["prompt_token_ids"] == [9, 9]
     assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5,
                              "prompt_tokens_details": {"cached_tokens": 1}}
 
@@ -47,8 +47,9 @@ def test_chat_stream_events():
 def test_completion_stream_has_no_role_event_and_skips_empty_chunks():
     assert fmt.stream_start(COMPLETION, [1]) is None
     assert fmt.stream_chunk(COMPLETION, TokenChunk("", (), 0, 1)) is None
-    chunk = event(fmt.stream_chunk(COMPLETION, TokenChunk("x", (7,), 1, 1)))
+    chunk = event(fmt.stream_chunk(COMPLETION, TokenChunk("x", (7,), 1, 1), [4, 5]))
     assert chunk["choices"][0]["text"] == "x" and chunk["choices"][0]["token_ids"] == [7]
+    assert chunk["choices"][0]["prompt_token_ids"] == [4, 5]
 
 
 def test_done_event():
