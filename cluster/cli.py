@@ -4,6 +4,8 @@
                    Ctrl-C / SIGTERM, then shut everything down.
 ``pdserve model``  generate the tiny local model named by the config, if it is missing.
 ``pdserve config`` validate a config file and print it with all defaults filled in.
+``pdserve dashboard``  print the Grafana dashboard of pdserve's metrics (JSON).
+``pdserve bench``  load generation and comparisons (``pdserve bench --help``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,20 @@ def main(argv: list[str] | None = None) -> int:
     ]:
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument("--config", type=Path, default=DEFAULT_CONFIG_PATH)
+    commands.add_parser("dashboard", help="print the Grafana dashboard JSON")
+    from cluster.bench.cli import add_parser as add_bench_parser
+
+    add_bench_parser(commands)
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        from cluster.bench.cli import main as bench_main
+
+        return bench_main(args)
+    if args.command == "dashboard":
+        from cluster.dashboard import dashboard_json
+
+        sys.stdout.write(dashboard_json())
+        return 0
     try:
         config = load_config(args.config)
     except ConfigError as error:
@@ -103,6 +118,7 @@ def _start_ray(config: PDServeConfig) -> None:
         num_cpus=config.ray.num_cpus,
         include_dashboard=False,
         _node_ip_address=config.ray.node_ip_address,
+        _metrics_export_port=config.ray.metrics_export_port,
     )
 
 
@@ -116,6 +132,13 @@ def _port_is_free(host: str, port: int) -> bool:
     return True
 
 
+def _metrics_url(config: PDServeConfig) -> str:
+    port = config.ray.metrics_export_port
+    if config.ray.address is not None or port is None:
+        return "each Ray node's metrics export port, /metrics"
+    return f"http://{config.ray.node_ip_address or config.router.host}:{port}/metrics"
+
+
 def _print_banner(config: PDServeConfig) -> None:
     base = f"http://{config.router.host}:{config.router.port}/v1"
     print(
@@ -126,6 +149,7 @@ pdserve is serving '{config.model.name}' at {base}
     -d '{{"model": "{config.model.name}", "stream": true, "max_tokens": 32,
          "messages": [{{"role": "user", "content": "Hello!"}}]}}'
 
+Prometheus metrics: {_metrics_url(config)}
 Press Ctrl-C to stop.
 """,
         flush=True,

@@ -157,6 +157,10 @@ class RayConfig(_Strict):
     node_ip_address: str | None = Field(
         None, description="IP of a local cluster's node (127.0.0.1 keeps it on loopback)"
     )
+    metrics_export_port: int | None = Field(
+        8080, ge=1024, le=65535,
+        description="where a local cluster's node serves Prometheus /metrics (None: Ray picks)",
+    )
 
 
 class PDServeConfig(_Strict):

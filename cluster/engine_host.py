@@ -13,6 +13,7 @@ import os
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from cluster import metrics as m
 from cluster.config import PDServeConfig
 from cluster.engine_config import engine_env, engine_kwargs
 from cluster.engine_stats import EngineStats
@@ -55,7 +56,10 @@ class EngineHost:
         )
         args = AsyncEngineArgs(**engine_kwargs(config, role, kv_config))
         stats = EngineStats(role=role, engine_id=engine_id)
-        engine = AsyncLLM.from_engine_args(args, stat_loggers=[_stats_logger_factory(stats)])
+        tags = {"model": config.model.name, "pool": role, "replica": engine_id}
+        engine = AsyncLLM.from_engine_args(
+            args, stat_loggers=[_stats_logger_factory(stats, m.Recorder(), tags)]
+        )
         logger.info("%s engine %s ready, NIXL side channel %s:%d",
                     role, engine_id, side_channel_host, side_channel_port)
         return cls(engine, stats)
@@ -120,31 +124,19 @@ def _sampling_params(
     )
 
 
-def _stats_logger_factory(stats: EngineStats):
-    """A vLLM stat-logger factory whose loggers feed ``stats``."""
+def _stats_logger_factory(stats: EngineStats, recorder: m.Recorder, tags: dict[str, str]):
+    """A vLLM stat-logger factory whose loggers feed ``stats`` and the Prometheus metrics."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
     class _Logger(StatLoggerBase):
         def __init__(self, vllm_config: Any, engine_index: int = 0):
-            pass
+            recorder.set(m.REPLICAS, tags, 1)
 
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
             if scheduler_stats is not None:
-                stats.observe_scheduler(
-                    scheduler_stats.kv_cache_usage,
-                    scheduler_stats.num_running_reqs,
-                    scheduler_stats.num_waiting_reqs,
-                )
-                _observe_connector(stats, scheduler_stats.kv_connector_stats)
+                _observe_scheduler(stats, recorder, tags, scheduler_stats)
             if iteration_stats is not None:
-                tokens = iteration_stats.prompt_token_stats
-                stats.observe_iteration(
-                    computed=tokens.computed,
-                    cached=tokens.local_cache_hit,
-                    transferred=tokens.external_kv_transfer,
-                    generation_tokens=iteration_stats.num_generation_tokens,
-                    finished=len(iteration_stats.finished_requests),
-                )
+                _observe_iteration(stats, recorder, tags, iteration_stats)
 
         def log_engine_initialized(self) -> None:
             pass
@@ -152,16 +144,43 @@ def _stats_logger_factory(stats: EngineStats):
     return _Logger
 
 
-def _observe_connector(stats: EngineStats, data: Mapping[str, Any] | None) -> None:
-    # NixlKVConnectorStats.data: lists of per-transfer observations since the last report.
+def _observe_scheduler(stats: EngineStats, recorder: m.Recorder, tags, scheduler_stats) -> None:
+    stats.observe_scheduler(
+        scheduler_stats.kv_cache_usage,
+        scheduler_stats.num_running_reqs,
+        scheduler_stats.num_waiting_reqs,
+    )
+    recorder.set(m.KV_USAGE, tags, scheduler_stats.kv_cache_usage)
+    recorder.set(m.RUNNING, tags, scheduler_stats.num_running_reqs)
+    recorder.set(m.WAITING, tags, scheduler_stats.num_waiting_reqs)
+    data = scheduler_stats.kv_connector_stats
     if not data:
         return
+    # NixlKVConnectorStats.data: lists of per-transfer observations since the last report.
+    durations = data.get("transfer_duration", [])
+    num_bytes = int(sum(data.get("bytes_transferred", [])))
     failures = sum(
         len(data.get(key, []))
         for key in ("num_failed_transfers", "num_failed_handshakes", "num_failed_notifications")
     )
-    stats.observe_transfers(
-        num_transfers=len(data.get("transfer_duration", [])),
-        num_bytes=int(sum(data.get("bytes_transferred", []))),
-        failures=failures,
+    stats.observe_transfers(num_transfers=len(durations), num_bytes=num_bytes,
+                            failures=failures)
+    for seconds in durations:
+        recorder.observe(m.KV_TRANSFER_SECONDS, tags, seconds)
+    recorder.inc(m.KV_TRANSFER_BYTES, tags, num_bytes)
+    recorder.inc(m.KV_TRANSFER_FAILURES, tags, failures)
+
+
+def _observe_iteration(stats: EngineStats, recorder: m.Recorder, tags, iteration_stats) -> None:
+    tokens = iteration_stats.prompt_token_stats
+    stats.observe_iteration(
+        computed=tokens.computed,
+        cached=tokens.local_cache_hit,
+        transferred=tokens.external_kv_transfer,
+        generation_tokens=iteration_stats.num_generation_tokens,
+        finished=len(iteration_stats.finished_requests),
     )
+    for source, count in (("computed", tokens.computed), ("cached", tokens.local_cache_hit),
+                          ("transferred", tokens.external_kv_transfer)):
+        recorder.inc(m.ENGINE_PROMPT_TOKENS, {**tags, "source": source}, count)
+    recorder.inc(m.ENGINE_GENERATION_TOKENS, tags, iteration_stats.num_generation_tokens)

@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cluster.config import PDServeConfig
 from cluster.messages import EngineRequest, TokenChunk
+from cluster.metrics import outcome_for_status
 from router import openai_format as fmt
 from router.errors import (
     APIError,
@@ -40,6 +41,7 @@ from router.protocol import (
     parse_request,
     resolve_max_tokens,
 )
+from router.telemetry import RequestObserver, count_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +50,7 @@ app = FastAPI(title="pdserve", docs_url=None, redoc_url=None)
 
 @app.exception_handler(APIError)
 async def _api_error(_: Request, error: APIError) -> JSONResponse:
+    count_refusal(error.status)
     return error_response(error)
 
 
@@ -60,6 +63,7 @@ async def _http_error(request: Request, error: StarletteHTTPException) -> JSONRe
 
 @app.exception_handler(RequestValidationError)
 async def _validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
+    count_refusal(400)
     return error_response(bad_request(str(error.errors()[0].get("msg", "invalid request"))))
 
 
@@ -102,6 +106,7 @@ class Router:
 
     @app.post("/v1/completions")
     async def completions(self, request: Request):
+        arrival = time.monotonic()
         body = parse_request(await request.body(), CompletionRequest)
         prompt = body.single_prompt()
         if isinstance(prompt, str):
@@ -109,10 +114,11 @@ class Router:
         else:
             check_token_ids(prompt, self._vocab_size)
             prompt_ids = list(prompt)
-        return await self._serve(body, prompt_ids, "completion", "cmpl")
+        return await self._serve(body, prompt_ids, "completion", "cmpl", arrival)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
+        arrival = time.monotonic()
         body = parse_request(await request.body(), ChatCompletionRequest)
         try:
             text = self._tokenizer.apply_chat_template(
@@ -121,11 +127,13 @@ class Router:
         except Exception as error:  # a template may refuse e.g. a role order it cannot render
             raise bad_request(f"messages cannot be rendered: {error}", "messages") from None
         prompt_ids = self._tokenizer.encode(text, add_special_tokens=False)
-        return await self._serve(body, prompt_ids, "chat", "chatcmpl")
+        return await self._serve(body, prompt_ids, "chat", "chatcmpl", arrival)
 
     # ---- the serving path ------------------------------------------------------------
 
-    async def _serve(self, body, prompt_ids: list[int], kind: fmt.Kind, id_prefix: str):
+    async def _serve(
+        self, body, prompt_ids: list[int], kind: fmt.Kind, id_prefix: str, arrival: float
+    ):
         if body.model != self._config.model.name:
             raise model_not_found(body.model)
         max_tokens = resolve_max_tokens(
@@ -139,6 +147,11 @@ class Router:
         meta = fmt.ResponseMeta(
             request_id, body.model, int(time.time()), kind, body.return_token_ids
         )
+        # One model version and one path for now; model versions and per-request
+        # disaggregation choices will fill these labels.
+        observer = RequestObserver(body.model, self._config.model.name, "disaggregated",
+                                   arrival, len(prompt_ids))
+        observer.dispatched()
         chunks = self._flow.generate(engine_request)
         try:
             # Wait for the first token before answering, so that a failure before any
@@ -146,21 +159,33 @@ class Router:
             first = await anext(chunks)
         except Exception as error:
             await chunks.aclose()
-            return error_response(client_error(error, request_id), request_id)
+            api_error = client_error(error, request_id)
+            observer.finish(outcome_for_status(api_error.status))
+            return error_response(api_error, request_id)
+        except BaseException:  # cancelled: the client went away
+            observer.finish("cancelled")
+            raise
+        observer.chunk(first)
         headers = {"x-request-id": request_id}
         if body.stream:
-            events = self._events(meta, prompt_ids, first, chunks, body.include_usage)
+            events = self._events(meta, prompt_ids, first, chunks, body.include_usage, observer)
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)
         try:
-            return JSONResponse(
-                await self._collect(meta, prompt_ids, first, chunks), headers=headers
-            )
+            response = await self._collect(meta, prompt_ids, first, chunks, observer)
         except Exception as error:
-            return error_response(client_error(error, request_id), request_id)
+            api_error = client_error(error, request_id)
+            observer.finish(outcome_for_status(api_error.status))
+            return error_response(api_error, request_id)
+        except BaseException:
+            observer.finish("cancelled")
+            raise
+        observer.finish("ok")
+        return JSONResponse(response, headers=headers)
 
-    async def _collect(self, meta, prompt_ids, first: TokenChunk, chunks) -> dict:
-        texts, token_ids, last = [], [], first
-        async for chunk in prepend(first, chunks):
+    async def _collect(self, meta, prompt_ids, first: TokenChunk, chunks, observer) -> dict:
+        texts, token_ids, last = [first.text], list(first.token_ids), first
+        async for chunk in chunks:
+            observer.chunk(chunk)
             texts.append(chunk.text)
             token_ids.extend(chunk.token_ids)
             last = chunk
@@ -170,8 +195,9 @@ class Router:
         )
 
     async def _events(
-        self, meta, prompt_ids, first: TokenChunk, chunks, include_usage: bool
+        self, meta, prompt_ids, first: TokenChunk, chunks, include_usage: bool, observer
     ) -> AsyncIterator[str]:
+        outcome = "cancelled"  # unless the stream reaches its end
         try:
             start = fmt.stream_start(meta, prompt_ids)
             if start:
@@ -179,6 +205,8 @@ class Router:
             last = first
             pending_prompt_ids = None if start else prompt_ids
             async for chunk in prepend(first, chunks):
+                if chunk is not first:
+                    observer.chunk(chunk)
                 event = fmt.stream_chunk(meta, chunk, pending_prompt_ids)
                 if event:
                     yield event
@@ -186,9 +214,12 @@ class Router:
                 last = chunk
             if include_usage:
                 yield fmt.stream_usage(meta, last)
+            outcome = "ok"
         except Exception as error:  # the status line is gone: report inside the stream
-            yield fmt.stream_error(client_error(error, meta.request_id).body())
+            api_error = client_error(error, meta.request_id)
+            outcome = outcome_for_status(api_error.status)
+            yield fmt.stream_error(api_error.body())
         finally:
+            observer.finish(outcome)
             await chunks.aclose()
         yield fmt.DONE_EVENT
-

@@ -7,11 +7,8 @@ shutdown was clean: exit status 0, the port free again, no Ray or engine process
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from cluster import processes
 from cluster.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,53 +57,28 @@ def _port_is_free(host: str, port: int) -> bool:
     return True
 
 
-def _wait_until_ready(url: str, process: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"{process.args[:3]} exited with {process.returncode}; see {log}:\n"
-                        + log.read_text()[-3000:])
-        try:
-            if httpx.get(url, timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(2)
-    pytest.fail(f"{url} not ready after {STARTUP_TIMEOUT_S}s; see {log}")
-
-
-def _start(args: list[str], name: str, env: dict[str, str] | None = None):
-    LOG_DIR.mkdir(parents=True, exist_ok=True)
-    log = LOG_DIR / f"{name}.log"
-    process = subprocess.Popen(
-        args, cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT,
-        start_new_session=True, env={**os.environ, **(env or {})},
-    )
-    return process, log
-
-
 @pytest.fixture(scope="session")
 def pdserve() -> Iterator[str]:
     """Base URL of a running pdserve; asserts a clean shutdown afterwards."""
     assert _port_is_free(CONFIG.router.host, CONFIG.router.port), "test port already in use"
     before = _cluster_processes()
-    process, log = _start(
-        [sys.executable, "-m", "cluster.cli", "up", "--config", str(CONFIG_PATH)], "pdserve"
-    )
+    server = processes.start_pdserve(CONFIG_PATH, CONFIG, LOG_DIR, REPO)
     try:
-        _wait_until_ready(f"{BASE_URL}/health", process, log)
-        yield BASE_URL
+        _ready_or_fail(server)
+        yield server.base_url
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            returncode = process.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            pytest.fail(f"pdserve did not stop within 120 s of SIGINT; see {log}")
-    assert returncode == 0, f"pdserve exited with {returncode}; see {log}"
+        returncode = processes.stop(server, signal.SIGINT, timeout_s=120)
+    assert returncode == 0, f"pdserve exited with {returncode} after SIGINT; see {server.log}"
     leftover = _wait_for_exit(before)
     assert not leftover, f"processes left behind after shutdown: {leftover}"
     assert _port_is_free(CONFIG.router.host, CONFIG.router.port), "port still bound"
+
+
+def _ready_or_fail(server: processes.ManagedServer) -> None:
+    try:
+        processes.wait_ready(server, STARTUP_TIMEOUT_S)
+    except processes.ServerFailed as error:
+        pytest.fail(str(error))
 
 
 def _wait_for_exit(before: set[tuple[int, str]], timeout_s: float = 30) -> set:
@@ -124,25 +97,13 @@ def reference(pdserve) -> Iterator[str]:
 
     Started after pdserve, which generates the tiny model on a fresh checkout.
     """
-    engine = CONFIG.engine
-    process, log = _start(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-         "--model", str(CONFIG.model.path), "--served-model-name", MODEL,
-         "--dtype", engine.dtype, "--max-model-len", str(engine.max_model_len),
-         "--block-size", str(engine.block_size), "--seed", str(engine.seed),
-         "--enforce-eager", "--host", "127.0.0.1", "--port", str(REFERENCE_PORT)],
-        "reference-vllm",
-        env={"VLLM_CPU_KVCACHE_SPACE": str(int(engine.cpu_kvcache_space_gib or 1))},
-    )
+    server = processes.start_vllm_server(CONFIG, REFERENCE_PORT, LOG_DIR, REPO,
+                                         name="reference-vllm")
     try:
-        _wait_until_ready(f"http://127.0.0.1:{REFERENCE_PORT}/health", process, log)
-        yield f"http://127.0.0.1:{REFERENCE_PORT}"
+        _ready_or_fail(server)
+        yield server.base_url
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+        processes.stop(server, signal.SIGTERM, timeout_s=60)
 
 
 def engine_stats(base_url: str) -> dict[str, dict]:

@@ -1,0 +1,1 @@
+"""`pdserve bench`: load generation and measurement against any OpenAI-compatible server."""

@@ -1,0 +1,313 @@
+"""``pdserve bench``: run, compare, overhead, transfer.
+
+  pdserve bench run --base-url http://127.0.0.1:8000 --model tiny-llama --rate 2
+  pdserve bench compare --config ray_configs/bench.yaml
+  pdserve bench overhead --config ray_configs/bench.yaml
+  pdserve bench transfer
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from cluster.bench import report
+from cluster.bench.runner import run_workload
+from cluster.bench.stats import SLO, RequestRecord, percentile, ratio, summarise
+from cluster.bench.workload import WorkloadSpec, plan
+from cluster.config import PDServeConfig, load_config
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH_CONFIG = REPO / "ray_configs/bench.yaml"
+
+
+def add_parser(commands) -> None:
+    bench = commands.add_parser("bench", help="measure a server (see docs/benchmarks.md)")
+    sub = bench.add_subparsers(dest="bench_command", required=True)
+
+    run = sub.add_parser("run", help="one workload against any OpenAI-compatible server")
+    run.add_argument("--base-url", default="http://127.0.0.1:8000")
+    run.add_argument("--model", default="tiny-llama")
+    run.add_argument("--rates", default=None,
+                     help="comma-separated rates to sweep (plots latency against load)")
+    _workload_args(run)
+
+    compare = sub.add_parser("compare", help="pdserve disaggregated vs one colocated vLLM")
+    compare.add_argument("--config", type=Path, default=BENCH_CONFIG)
+    compare.add_argument("--workloads", default="interference,reference")
+    _workload_args(compare)
+
+    overhead = sub.add_parser("overhead", help="pdserve's added latency at low load")
+    overhead.add_argument("--config", type=Path, default=BENCH_CONFIG)
+    overhead.add_argument("--requests", type=int, default=30)
+    overhead.add_argument("--out", type=Path, default=Path("bench-results"))
+
+    transfer = sub.add_parser("transfer", help="NIXL KV-transfer GB/s vs a host memcpy")
+    transfer.add_argument("--sizes-mib", default="1,4,16,64")
+    transfer.add_argument("--repeats", type=int, default=20)
+    transfer.add_argument("--out", type=Path, default=Path("bench-results"))
+
+
+def _workload_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workload", choices=["reference", "interference"],
+                        default="reference")
+    parser.add_argument("--rate", type=float, default=1.0, help="mean requests/s (Poisson)")
+    parser.add_argument("--num-requests", type=int, default=60)
+    parser.add_argument("--scale", type=float, default=1.0,
+                        help="multiplies prompt and output lengths (small machines)")
+    parser.add_argument("--long-fraction", type=float, default=0.1)
+    parser.add_argument("--peak-factor", type=float, default=1.0)
+    parser.add_argument("--peak-window", default=None, help="START,END seconds into the run")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tokenizer", default=None,
+                        help="HF tokenizer dir used to size prompts (default: ~4 chars/token)")
+    parser.add_argument("--ttft-slo", type=float, default=0.5)
+    parser.add_argument("--tpot-slo", type=float, default=0.1)
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def main(args: argparse.Namespace) -> int:
+    return {"run": _run, "compare": _compare, "overhead": _overhead,
+            "transfer": _transfer}[args.bench_command](args)
+
+
+# ---- shared helpers ----------------------------------------------------------------------
+
+def _spec(args, workload: str | None = None, rate: float | None = None,
+          max_model_len: int = 9216) -> WorkloadSpec:
+    window = None
+    if args.peak_window:
+        start, end = (float(part) for part in args.peak_window.split(","))
+        window = (start, end)
+    return WorkloadSpec(
+        name=workload or args.workload, rate=rate or args.rate, num_requests=args.num_requests,
+        seed=args.seed, scale=args.scale, peak_factor=args.peak_factor, peak_window=window,
+        long_fraction=args.long_fraction, max_model_len=max_model_len,
+    )
+
+
+def _token_counter(tokenizer_path: str | None):
+    if tokenizer_path is None:
+        return lambda text: max(1, len(text) // 4)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    return lambda text: len(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _measure(base_url: str, model: str, spec: WorkloadSpec, count_tokens, slo: SLO,
+             progress: bool, label: str) -> tuple[list[RequestRecord], dict]:
+    requests = plan(spec, count_tokens)
+    records, duration = asyncio.run(
+        run_workload(base_url, model, requests, progress=progress, label=label)
+    )
+    summary = {
+        "all": summarise(records, duration, slo),
+        "short": summarise(records, duration, slo, kind="short"),
+        "long": summarise(records, duration, slo, kind="long"),
+        "duration_s": duration,
+        "workload": asdict(spec),
+    }
+    return records, summary
+
+
+# ---- run -------------------------------------------------------------------------------
+
+def _run(args) -> int:
+    slo = SLO(args.ttft_slo, args.tpot_slo)
+    count_tokens = _token_counter(args.tokenizer)
+    rates = [float(r) for r in args.rates.split(",")] if args.rates else [args.rate]
+    sweep, runs = [], {}
+    for rate in rates:
+        spec = _spec(args, rate=rate)
+        records, summary = _measure(args.base_url, args.model, spec, count_tokens, slo,
+                                    not args.no_progress, f"{spec.name} @ {rate}/s")
+        print(report.table(f"{spec.name} @ {rate} req/s", summary["all"]))
+        sweep.append((rate, summary["all"]))
+        runs[f"{rate} req/s"] = records
+        report.write_json(args.out / f"run-{spec.name}-{rate}.json",
+                          {**summary, "records": [asdict(r) for r in records]})
+    report.ttft_cdf_plot(args.out / f"run-{args.workload}-ttft-cdf.png", runs,
+                         f"TTFT, {args.workload} workload")
+    if len(sweep) > 1:
+        report.load_sweep_plot(args.out / f"run-{args.workload}-sweep.png", sweep,
+                               f"latency against offered load, {args.workload} workload")
+    print(f"results in {args.out}/")
+    return 0
+
+
+# ---- compare ---------------------------------------------------------------------------
+
+COMPARE_REFERENCE_PORT = 8400
+
+
+def _compare(args) -> int:
+    """Same machine, same cores, one after the other: (a) pdserve, (b) colocated vLLM."""
+    from cluster import processes
+    from cluster.tiny_model import ensure_model
+
+    config = load_config(args.config)
+    ensure_model(config.model.path, config.model.generate)
+    slo = SLO(args.ttft_slo, args.tpot_slo)
+    count_tokens = _token_counter(args.tokenizer or str(config.model.path))
+    workloads = args.workloads.split(",")
+    log_dir = args.out / "logs"
+    setups = {
+        "pdserve": lambda: processes.start_pdserve(args.config, config, log_dir, REPO),
+        "colocated": lambda: processes.start_vllm_server(
+            config, COMPARE_REFERENCE_PORT, log_dir, REPO, name="colocated-vllm",
+            cpu_bind=_all_cores_bind(config)),
+    }
+    results: dict[str, dict[str, dict]] = {}
+    records: dict[str, dict[str, list[RequestRecord]]] = {}
+    for setup, start in setups.items():
+        server = start()
+        try:
+            processes.wait_ready(server)
+            for workload in workloads:
+                spec = _spec(args, workload, max_model_len=config.engine.max_model_len)
+                _warm_up(server.base_url, config.model.name)
+                recs, summary = _measure(server.base_url, config.model.name, spec,
+                                         count_tokens, slo, not args.no_progress,
+                                         f"{setup}/{workload}")
+                results.setdefault(workload, {})[setup] = summary
+                records.setdefault(workload, {})[setup] = recs
+                print(report.table(f"{setup} / {workload}", summary["all"]))
+        finally:
+            processes.stop(server)
+    ratios = {w: _compare_ratios(r["pdserve"], r["colocated"]) for w, r in results.items()}
+    print(_ratio_table(ratios))
+    report.write_json(args.out / "compare.json", {
+        "config": str(args.config), "machine": _machine(), "ratios": ratios,
+        "results": results,
+        "records": {w: {s: [asdict(r) for r in recs] for s, recs in per.items()}
+                    for w, per in records.items()},
+    })
+    for workload, per_setup in records.items():
+        runs = {f"{setup} {kind}": [r for r in recs if r.kind == kind]
+                for setup, recs in per_setup.items() for kind in ("short", "long")}
+        report.ttft_cdf_plot(args.out / f"compare-{workload}-ttft-cdf.png", runs,
+                             f"TTFT, {workload} workload: pdserve vs colocated vLLM")
+    print(f"results in {args.out}/")
+    return 0
+
+
+def _all_cores_bind(config: PDServeConfig) -> str | None:
+    """The colocated engine gets every core the two pools use together."""
+    cores = []
+    for pool in (config.prefill, config.decode):
+        bind = pool.env.get("VLLM_CPU_OMP_THREADS_BIND")
+        if bind:
+            cores.append(bind)
+    return ",".join(cores) or None
+
+
+def _warm_up(base_url: str, model: str) -> None:
+    import httpx
+
+    for i in range(2):
+        httpx.post(f"{base_url}/v1/completions", timeout=120, json={
+            "model": model, "prompt": f"warm up {i} " * 20, "max_tokens": 4})
+
+
+def _compare_ratios(pd: dict, colocated: dict) -> dict:
+    """(a)/(b): below 1 is better for latencies, above 1 better for throughput."""
+    return {
+        "short_p95_ttft": ratio(pd["short"]["ttft_s"]["p95"], colocated["short"]["ttft_s"]["p95"]),
+        "p95_itl": ratio(pd["all"]["itl_s"]["p95"], colocated["all"]["itl_s"]["p95"]),
+        "throughput": ratio(pd["all"]["output_tokens_per_s"],
+                            colocated["all"]["output_tokens_per_s"]),
+        "goodput": ratio(pd["all"]["goodput_requests_per_s"],
+                         colocated["all"]["goodput_requests_per_s"]),
+    }
+
+
+def _ratio_table(ratios: dict[str, dict]) -> str:
+    lines = ["pdserve / colocated vLLM (latency: <1 is better; throughput, goodput: >1 is better)",
+             f"  {'workload':<14}{'short p95 TTFT':>16}{'p95 ITL':>10}{'tok/s':>8}{'goodput':>9}"]
+    for workload, r in ratios.items():
+        cells = [r["short_p95_ttft"], r["p95_itl"], r["throughput"], r["goodput"]]
+        shown = ["-" if c is None else f"{c:.2f}" for c in cells]
+        lines.append(f"  {workload:<14}{shown[0]:>16}{shown[1]:>10}{shown[2]:>8}{shown[3]:>9}")
+    return "\n".join(lines)
+
+
+def _machine() -> dict:
+    import os
+    import platform
+
+    return {"cpus": os.cpu_count(), "machine": platform.machine(),
+            "processor": platform.processor(), "python": platform.python_version()}
+
+
+# ---- overhead --------------------------------------------------------------------------
+
+def _overhead(args) -> int:
+    """Short prompts one at a time: pdserve vs a vLLM server on the decode pool's cores.
+
+    The difference is what disaggregation plus routing adds at low load: the router and
+    Serve hops, the prefill round trip and the KV transfer.
+    """
+    from cluster import processes
+    from cluster.tiny_model import ensure_model
+
+    config = load_config(args.config)
+    ensure_model(config.model.path, config.model.generate)
+    log_dir = args.out / "logs"
+    spec = WorkloadSpec(name="reference", rate=1000, num_requests=args.requests, seed=7)
+    count_tokens = _token_counter(str(config.model.path))
+    requests = [replace(r, send_at=0.0, max_tokens=16) for r in plan(spec, count_tokens)]
+    requests = [replace(r, prompt=r.prompt[:256]) for r in requests]
+    decode_bind = config.decode.env.get("VLLM_CPU_OMP_THREADS_BIND")
+    setups = {
+        "pdserve": lambda: processes.start_pdserve(args.config, config, log_dir, REPO),
+        "vllm-decode-cores": lambda: processes.start_vllm_server(
+            config, COMPARE_REFERENCE_PORT, log_dir, REPO, name="overhead-vllm",
+            cpu_bind=decode_bind),
+    }
+    medians: dict[str, dict[str, float | None]] = {}
+    for setup, start in setups.items():
+        server = start()
+        try:
+            processes.wait_ready(server)
+            _warm_up(server.base_url, config.model.name)
+            ttfts, e2es = [], []
+            for planned in requests:  # one at a time: no queueing, no batching
+                recs, _ = asyncio.run(run_workload(server.base_url, config.model.name,
+                                                   [planned], progress=False))
+                if recs[0].ok:
+                    ttfts.append(recs[0].ttft)
+                    e2es.append(recs[0].e2e)
+            medians[setup] = {"ttft_p50_s": percentile(ttfts, 50),
+                              "e2e_p50_s": percentile(e2es, 50), "n": len(ttfts)}
+        finally:
+            processes.stop(server)
+    pd, plain = medians["pdserve"], medians["vllm-decode-cores"]
+    added = {key: (pd[key] - plain[key]) if pd[key] is not None and plain[key] is not None
+             else None for key in ("ttft_p50_s", "e2e_p50_s")}
+    print(json.dumps({"medians": medians, "added_by_pdserve_s": added}, indent=2))
+    report.write_json(args.out / "overhead.json",
+                      {"medians": medians, "added_by_pdserve_s": added, "machine": _machine()})
+    return 0
+
+
+# ---- transfer --------------------------------------------------------------------------
+
+def _transfer(args) -> int:
+    from cluster.bench.transfer import measure_transfers
+
+    sizes = [int(s) for s in args.sizes_mib.split(",")]
+    started = time.time()
+    rows = measure_transfers(sizes, args.repeats)
+    print(f"  {'MiB':>6}{'NIXL GB/s':>11}{'memcpy GB/s':>13}{'ratio':>8}")
+    for row in rows:
+        print(f"  {row['mib']:>6}{row['nixl_gbps']:>11.2f}{row['memcpy_gbps']:>13.2f}"
+              f"{row['ratio']:>8.2f}")
+    report.write_json(args.out / "transfer.json",
+                      {"rows": rows, "machine": _machine(), "seconds": time.time() - started})
+    return 0

@@ -1,0 +1,85 @@
+"""Sends a planned workload to an OpenAI-compatible server and records what came back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+
+from cluster.bench.stats import RequestRecord
+from cluster.bench.workload import PlannedRequest
+
+
+async def run_workload(
+    base_url: str, model: str, requests: list[PlannedRequest], *,
+    timeout_s: float = 600, progress: bool = True, label: str = "",
+) -> tuple[list[RequestRecord], float]:
+    """Send every request at its planned time (open loop); return records and duration."""
+    records = [RequestRecord(r.index, r.kind, r.prompt_tokens, sent_at=0.0) for r in requests]
+    bar = _progress_bar(len(requests), label) if progress else None
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s, limits=limits) as client:
+        start = time.perf_counter()
+
+        async def one(planned: PlannedRequest, record: RequestRecord) -> None:
+            await asyncio.sleep(max(0.0, planned.send_at - (time.perf_counter() - start)))
+            await _send(client, model, planned, record, start)
+            if bar:
+                bar.update(1)
+
+        await asyncio.gather(*(one(p, r) for p, r in zip(requests, records, strict=True)))
+        duration = time.perf_counter() - start
+    if bar:
+        bar.close()
+    return records, duration
+
+
+def _progress_bar(total: int, label: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=label or "requests", unit="req", leave=False)
+
+
+async def _send(client: httpx.AsyncClient, model: str, planned: PlannedRequest,
+                record: RequestRecord, start: float) -> None:
+    body = {
+        "model": model, "prompt": planned.prompt, "max_tokens": planned.max_tokens,
+        "temperature": 0, "stream": True, "ignore_eos": True, "return_token_ids": True,
+        "stream_options": {"include_usage": True},
+    }
+    record.sent_at = time.perf_counter() - start
+    try:
+        async with client.stream("POST", "/v1/completions", json=body) as response:
+            record.status = response.status_code
+            if response.status_code != 200:
+                await response.aread()
+                record.error = f"http_{response.status_code}"
+                return
+            async for line in response.aiter_lines():
+                _consume(line, record, time.perf_counter() - start)
+    except httpx.TimeoutException:
+        record.error = "timeout"
+    except httpx.HTTPError as error:
+        record.error = type(error).__name__
+
+
+def _consume(line: str, record: RequestRecord, now: float) -> None:
+    if not line.startswith("data: ") or line == "data: [DONE]":
+        return
+    event = json.loads(line[len("data: "):])
+    if "error" in event:
+        record.error = f"stream_{event['error'].get('code') or 'error'}"
+        return
+    for choice in event.get("choices", []):
+        # Servers that do not return token ids: one token per non-empty chunk.
+        tokens = len(choice.get("token_ids") or []) or (1 if choice.get("text") else 0)
+        if tokens and record.first_token_at is None:
+            record.first_token_at = now
+        record.token_times.extend([now] * tokens)
+    usage = event.get("usage")
+    if usage:
+        record.output_tokens = usage["completion_tokens"]
+    elif record.token_times:
+        record.output_tokens = len(record.token_times)

@@ -1,0 +1,94 @@
+"""What a benchmark run measured, summarised (pure)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestRecord:
+    """One request as the load generator saw it (times in seconds since the run start)."""
+
+    index: int
+    kind: str
+    prompt_tokens: int
+    sent_at: float
+    status: int | None = None
+    error: str | None = None        # kind of failure, e.g. "http_503", "timeout"
+    first_token_at: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.first_token_at is not None
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.sent_at
+
+    @property
+    def e2e(self) -> float | None:
+        return self.token_times[-1] - self.sent_at if self.token_times else None
+
+    @property
+    def inter_token_gaps(self) -> list[float]:
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:], strict=False)]
+
+    @property
+    def tpot(self) -> float | None:
+        """Mean time per output token after the first."""
+        gaps = self.inter_token_gaps
+        return sum(gaps) / len(gaps) if gaps else None
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (q in 0..100); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def _percentiles(values: list[float]) -> dict[str, float | None]:
+    return {f"p{q}": percentile(values, q) for q in (50, 95, 99)}
+
+
+@dataclass(frozen=True)
+class SLO:
+    ttft_s: float = 0.5
+    tpot_s: float = 0.1
+
+
+def summarise(records: list[RequestRecord], duration_s: float, slo: SLO,
+              kind: str | None = None) -> dict:
+    """Latency percentiles, throughput, goodput and errors; ``kind`` filters short/long."""
+    chosen = [r for r in records if kind is None or r.kind == kind]
+    ok = [r for r in chosen if r.ok]
+    ttfts = [r.ttft for r in ok if r.ttft is not None]
+    itls = [gap for r in ok for gap in r.inter_token_gaps]
+    e2es = [r.e2e for r in ok if r.e2e is not None]
+    good = [r for r in ok if r.ttft <= slo.ttft_s and (r.tpot is None or r.tpot <= slo.tpot_s)]
+    output_tokens = sum(r.output_tokens for r in ok)
+    return {
+        "requests": len(chosen),
+        "completed": len(ok),
+        "errors": dict(Counter(r.error for r in chosen if r.error)),
+        "ttft_s": _percentiles(ttfts),
+        "itl_s": _percentiles(itls),
+        "e2e_s": _percentiles(e2es),
+        "output_tokens_per_s": output_tokens / duration_s if duration_s > 0 else 0.0,
+        "requests_per_s": len(ok) / duration_s if duration_s > 0 else 0.0,
+        "goodput_requests_per_s": len(good) / duration_s if duration_s > 0 else 0.0,
+        "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
+    }
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b

@@ -1,0 +1,119 @@
+"""The Grafana dashboard, built from the metric catalogue (pure).
+
+``pdserve dashboard`` prints it; the committed copy is
+``ray_configs/grafana/pdserve-dashboard.json`` and a unit test keeps the two identical, so
+a renamed metric cannot leave a dashboard panel silently empty.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from cluster import metrics as m
+
+TTFT_SLO_S = 0.5   # the product's p95 time-to-first-token objective
+ITL_SLO_S = 0.1    # inter-token gap a reader perceives as smooth streaming
+
+_RATE = "$__rate_interval"
+
+
+def _quantiles(spec: m.MetricSpec, by: str = "") -> list[dict[str, str]]:
+    group = f"le{', ' + by if by else ''}"
+    return [
+        {"expr": f"histogram_quantile({q}, sum by ({group}) "
+                 f"(rate({spec.exported_name}_bucket[{_RATE}])))",
+         "legendFormat": f"p{int(q * 100)}" + (f" {{{{{by}}}}}" if by else "")}
+        for q in (0.5, 0.95, 0.99)
+    ]
+
+
+def _panel(panel_id: int, title: str, targets: list[dict[str, str]], unit: str,
+           x: int, y: int, description: str = "") -> dict[str, Any]:
+    return {
+        "id": panel_id,
+        "type": "timeseries",
+        "title": title,
+        "description": description,
+        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "gridPos": {"h": 8, "w": 12, "x": x, "y": y},
+        "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+        "targets": [{**target, "refId": chr(ord("A") + i)} for i, target in enumerate(targets)],
+    }
+
+
+def _slo_line(value: float) -> dict[str, str]:
+    return {"expr": f"vector({value})", "legendFormat": "SLO"}
+
+
+def build_dashboard() -> dict[str, Any]:
+    ok = '{outcome="ok"}'
+    panels_spec = [
+        ("Time to first token vs SLO", [*_quantiles(m.TTFT), _slo_line(TTFT_SLO_S)], "s",
+         "Arrival at the router to first token; the SLO is p95 < 500 ms at peak."),
+        ("Inter-token latency vs SLO", [*_quantiles(m.ITL), _slo_line(ITL_SLO_S)], "s", ""),
+        ("End-to-end latency", _quantiles(m.E2E), "s", ""),
+        ("Requests by outcome", [{
+            "expr": f"sum by (outcome) (rate({m.REQUESTS.exported_name}[{_RATE}]))",
+            "legendFormat": "{{outcome}}"}], "reqps",
+         "rejected = 429/503 (overload), client_error = 4xx, failed = 5xx"),
+        ("Pool sizes", [{
+            "expr": f"sum by (pool) ({m.REPLICAS.exported_name})",
+            "legendFormat": "{{pool}}"}], "none", "Live engine replicas per pool"),
+        ("KV-cache utilisation", [{
+            "expr": f"max by (pool) ({m.KV_USAGE.exported_name})",
+            "legendFormat": "max {{pool}}"}, {
+            "expr": f"avg by (pool) ({m.KV_USAGE.exported_name})",
+            "legendFormat": "avg {{pool}}"}], "percentunit", ""),
+        ("Running and waiting requests", [{
+            "expr": f"sum by (pool) ({m.RUNNING.exported_name})",
+            "legendFormat": "running {{pool}}"}, {
+            "expr": f"sum by (pool) ({m.WAITING.exported_name})",
+            "legendFormat": "waiting {{pool}}"}], "none", ""),
+        ("Tokens per second", [{
+            "expr": f"sum (rate({m.GENERATION_TOKENS.exported_name}[{_RATE}]))",
+            "legendFormat": "generated for clients"}, {
+            "expr": f"sum by (source) (rate({m.ENGINE_PROMPT_TOKENS.exported_name}"
+                    f"{{pool=\"prefill\"}}[{_RATE}]))",
+            "legendFormat": "prefill prompt {{source}}"}, {
+            "expr": f"sum by (source) (rate({m.ENGINE_PROMPT_TOKENS.exported_name}"
+                    f"{{pool=\"decode\"}}[{_RATE}]))",
+            "legendFormat": "decode prompt {{source}}"}], "short",
+         "decode prompt 'transferred' = KV received over NIXL instead of recomputed"),
+        ("KV transfer latency", _quantiles(m.KV_TRANSFER_SECONDS), "s", ""),
+        ("KV transfer throughput and failures", [{
+            "expr": f"sum (rate({m.KV_TRANSFER_BYTES.exported_name}[{_RATE}]))",
+            "legendFormat": "bytes/s"}, {
+            "expr": f"sum (rate({m.KV_TRANSFER_FAILURES.exported_name}[{_RATE}]))",
+            "legendFormat": "failures/s"}], "Bps", ""),
+        ("Overload rejections", [{
+            "expr": f"sum (rate({m.REQUESTS.exported_name}{{outcome=\"rejected\"}}[{_RATE}]))",
+            "legendFormat": "rejected/s"}, {
+            "expr": f"sum (rate({m.REQUESTS.exported_name}{ok}[{_RATE}]))",
+            "legendFormat": "ok/s"}], "reqps", ""),
+        ("Queue time before dispatch", _quantiles(m.QUEUE), "s", ""),
+    ]
+    panels = [
+        _panel(i + 1, title, targets, unit, x=12 * (i % 2), y=8 * (i // 2),
+               description=description)
+        for i, (title, targets, unit, description) in enumerate(panels_spec)
+    ]
+    return {
+        "title": "pdserve",
+        "uid": "pdserve-overview",
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": True,
+        "time": {"from": "now-1h", "to": "now"},
+        "refresh": "10s",
+        "tags": ["pdserve", "llm-serving"],
+        "templating": {"list": [{
+            "name": "datasource", "type": "datasource", "query": "prometheus",
+            "label": "Prometheus",
+        }]},
+        "panels": panels,
+    }
+
+
+def dashboard_json() -> str:
+    return json.dumps(build_dashboard(), indent=2) + "\n"

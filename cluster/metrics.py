@@ -1,0 +1,142 @@
+"""pdserve's Prometheus metrics: the catalogue (pure) and the recorders (thin Ray shell).
+
+Metrics are recorded with ``ray.util.metrics`` in whichever replica observes them (the
+router for what clients experience, each engine replica for its pool), and Ray exports them
+from every node at ``ray.metrics_export_port`` (``/metrics``), where Prometheus scrapes them
+(Ray writes a service-discovery file for multi-node clusters). Ray prefixes every name with
+``ray_``: ``pdserve_time_to_first_token_seconds`` is scraped as
+``ray_pdserve_time_to_first_token_seconds``, with one series per worker process
+(``WorkerId`` label) — sum over it in queries.
+
+``CATALOGUE`` is the single list of names, types, labels and buckets; the Grafana
+dashboard (``ray_configs/grafana/pdserve-dashboard.json``) is tested against it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+EXPORT_PREFIX = "ray_"
+
+# Latency buckets (seconds) spanning sub-millisecond CPU steps to multi-second long prompts.
+LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0,
+    5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)
+TRANSFER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+REQUEST_TAGS = ("model", "version", "path")
+POOL_TAGS = ("model", "pool", "replica")
+
+Kind = Literal["counter", "gauge", "histogram"]
+Outcome = Literal["ok", "client_error", "rejected", "failed", "cancelled"]
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    kind: Kind
+    description: str
+    tags: tuple[str, ...]
+    buckets: tuple[float, ...] = ()
+
+    @property
+    def exported_name(self) -> str:
+        return EXPORT_PREFIX + self.name
+
+
+# --- what clients experience (recorded by the router) -----------------------------------
+TTFT = MetricSpec("pdserve_time_to_first_token_seconds", "histogram",
+                  "Arrival at the router to the first generated token", REQUEST_TAGS,
+                  LATENCY_BUCKETS)
+ITL = MetricSpec("pdserve_inter_token_latency_seconds", "histogram",
+                 "Gap between consecutive generated tokens of one stream", REQUEST_TAGS,
+                 LATENCY_BUCKETS)
+E2E = MetricSpec("pdserve_e2e_latency_seconds", "histogram",
+                 "Arrival at the router to the last token", REQUEST_TAGS, LATENCY_BUCKETS)
+QUEUE = MetricSpec("pdserve_queue_time_seconds", "histogram",
+                   "Arrival at the router to dispatch to the prefill pool", REQUEST_TAGS,
+                   LATENCY_BUCKETS)
+REQUESTS = MetricSpec("pdserve_requests_total", "counter", "Requests by outcome",
+                      ("model", "version", "path", "outcome"))
+PROMPT_TOKENS = MetricSpec("pdserve_prompt_tokens_total", "counter",
+                           "Prompt tokens of served requests", REQUEST_TAGS)
+GENERATION_TOKENS = MetricSpec("pdserve_generation_tokens_total", "counter",
+                               "Tokens generated for clients", REQUEST_TAGS)
+
+# --- each pool (recorded by its engine replicas) ----------------------------------------
+REPLICAS = MetricSpec("pdserve_pool_replicas", "gauge",
+                      "1 per live engine replica (sum for the pool size)", POOL_TAGS)
+RUNNING = MetricSpec("pdserve_pool_running_requests", "gauge",
+                     "Requests the engine is running", POOL_TAGS)
+WAITING = MetricSpec("pdserve_pool_waiting_requests", "gauge",
+                     "Requests waiting in the engine's queue", POOL_TAGS)
+KV_USAGE = MetricSpec("pdserve_kv_cache_usage_ratio", "gauge",
+                      "Fraction of KV-cache blocks in use (0..1)", POOL_TAGS)
+ENGINE_PROMPT_TOKENS = MetricSpec("pdserve_engine_prompt_tokens_total", "counter",
+                                  "Prompt tokens by where their KV came from "
+                                  "(computed, cached, transferred)", (*POOL_TAGS, "source"))
+ENGINE_GENERATION_TOKENS = MetricSpec("pdserve_engine_generation_tokens_total", "counter",
+                                      "Tokens the engine generated", POOL_TAGS)
+
+# --- KV transfer (recorded by the decode engines that pull) ----------------------------
+KV_TRANSFER_SECONDS = MetricSpec("pdserve_kv_transfer_seconds", "histogram",
+                                 "Duration of one NIXL KV transfer", POOL_TAGS,
+                                 TRANSFER_BUCKETS)
+KV_TRANSFER_BYTES = MetricSpec("pdserve_kv_transfer_bytes_total", "counter",
+                               "Bytes of KV cache moved over NIXL", POOL_TAGS)
+KV_TRANSFER_FAILURES = MetricSpec("pdserve_kv_transfer_failures_total", "counter",
+                                  "Failed NIXL transfers, handshakes and notifications",
+                                  POOL_TAGS)
+
+CATALOGUE: tuple[MetricSpec, ...] = (
+    TTFT, ITL, E2E, QUEUE, REQUESTS, PROMPT_TOKENS, GENERATION_TOKENS,
+    REPLICAS, RUNNING, WAITING, KV_USAGE, ENGINE_PROMPT_TOKENS, ENGINE_GENERATION_TOKENS,
+    KV_TRANSFER_SECONDS, KV_TRANSFER_BYTES, KV_TRANSFER_FAILURES,
+)
+
+
+def outcome_for_status(status: int) -> Outcome:
+    """How a request that ended with an HTTP error status is counted."""
+    if status in (429, 503):
+        return "rejected"
+    if 400 <= status < 500:
+        return "client_error"
+    return "failed"
+
+
+class Recorder:
+    """Creates the catalogue's metrics in this process on first use and records to them.
+
+    Only this class touches ``ray.util.metrics``; metrics are created lazily because Ray
+    registers them with the worker process that first creates them.
+    """
+
+    def __init__(self) -> None:
+        self._metrics: dict[str, object] = {}
+
+    def _metric(self, spec: MetricSpec):
+        metric = self._metrics.get(spec.name)
+        if metric is None:
+            from ray.util import metrics
+
+            if spec.kind == "counter":
+                metric = metrics.Counter(spec.name, spec.description, tag_keys=spec.tags)
+            elif spec.kind == "gauge":
+                metric = metrics.Gauge(spec.name, spec.description, tag_keys=spec.tags)
+            else:
+                metric = metrics.Histogram(spec.name, spec.description,
+                                           boundaries=list(spec.buckets), tag_keys=spec.tags)
+            self._metrics[spec.name] = metric
+        return metric
+
+    def inc(self, spec: MetricSpec, tags: dict[str, str], value: float = 1.0) -> None:
+        if value > 0:
+            self._metric(spec).inc(value, tags=tags)
+
+    def set(self, spec: MetricSpec, tags: dict[str, str], value: float) -> None:
+        self._metric(spec).set(value, tags=tags)
+
+    def observe(self, spec: MetricSpec, tags: dict[str, str], value: float) -> None:
+        self._metric(spec).observe(value, tags=tags)

@@ -1,0 +1,111 @@
+"""Starting and stopping whole servers as child processes (for the benchmark and tests).
+
+``pdserve up`` and vLLM's own OpenAI server run in their own process groups with their
+output in a log file; ``stop`` ends them the way a person would (SIGINT for pdserve, so it
+shuts Ray down cleanly) and kills the group only if that fails.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from cluster.config import PDServeConfig
+
+
+class ServerFailed(RuntimeError):
+    """A server exited or did not become ready; the message ends with its log's tail."""
+
+
+@dataclass
+class ManagedServer:
+    name: str
+    process: subprocess.Popen
+    log: Path
+    base_url: str
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+def start(name: str, args: list[str], base_url: str, log_dir: Path, cwd: Path,
+          env: dict[str, str] | None = None) -> ManagedServer:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"{name}.log"
+    process = subprocess.Popen(
+        args, cwd=cwd, stdout=log.open("w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        start_new_session=True, env={**os.environ, **(env or {})},
+    )
+    return ManagedServer(name, process, log, base_url)
+
+
+def wait_ready(server: ManagedServer, timeout_s: float = 420, path: str = "/health") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise ServerFailed(f"{server.name} exited with {server.process.returncode}; "
+                               f"log {server.log}:\n{server.log_tail()}")
+        try:
+            if httpx.get(server.base_url + path, timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    raise ServerFailed(f"{server.name} not ready after {timeout_s:.0f}s; log {server.log}")
+
+
+def stop(server: ManagedServer, sig: int = signal.SIGINT, timeout_s: float = 120) -> int | None:
+    """Signal the server and wait; kill its process group if it does not exit in time.
+
+    Returns its exit status, or None if it had to be killed.
+    """
+    if server.process.poll() is not None:
+        return server.process.returncode
+    server.process.send_signal(sig)
+    try:
+        return server.process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.process.pid, signal.SIGKILL)
+        server.process.wait()
+        return None
+
+
+def start_pdserve(config_path: Path, config: PDServeConfig, log_dir: Path,
+                  cwd: Path) -> ManagedServer:
+    base_url = f"http://{config.router.host}:{config.router.port}"
+    args = [sys.executable, "-m", "cluster.cli", "up", "--config", str(config_path)]
+    return start("pdserve", args, base_url, log_dir, cwd)
+
+
+def start_vllm_server(config: PDServeConfig, port: int, log_dir: Path, cwd: Path, *,
+                      name: str = "vllm", cpu_bind: str | None = None) -> ManagedServer:
+    """vLLM's own OpenAI server: one colocated engine with the config's engine settings."""
+    engine = config.engine
+    args = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(config.model.path), "--served-model-name", config.model.name,
+        "--dtype", engine.dtype, "--max-model-len", str(engine.max_model_len),
+        "--block-size", str(engine.block_size), "--seed", str(engine.seed),
+        "--max-num-seqs", str(engine.max_num_seqs),
+        "--host", "127.0.0.1", "--port", str(port),
+    ]
+    if engine.enforce_eager:
+        args.append("--enforce-eager")
+    if engine.max_num_batched_tokens:
+        args += ["--max-num-batched-tokens", str(engine.max_num_batched_tokens)]
+    env = {}
+    if engine.cpu_kvcache_space_gib:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(int(engine.cpu_kvcache_space_gib))
+    if cpu_bind:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind
+    return start(name, args, f"http://127.0.0.1:{port}", log_dir, cwd, env)

@@ -1,0 +1,62 @@
+"""Request metrics of the router (shell: applies ``RequestTimer`` results to the recorder).
+
+Module-level so that the ingress's exception handlers and its request path share one
+recorder per router process.
+"""
+
+from __future__ import annotations
+
+import time
+
+from cluster import metrics as m
+from cluster.messages import TokenChunk
+from router.timing import RequestTimer
+
+RECORDER = m.Recorder()
+
+# Requests refused before their model is known are counted under this label.
+UNKNOWN = "unknown"
+
+
+def count_refusal(status: int, model: str = UNKNOWN, version: str = UNKNOWN) -> None:
+    """Count a request answered with an error status before it reached the engines."""
+    tags = {"model": model, "version": version, "path": UNKNOWN,
+            "outcome": m.outcome_for_status(status)}
+    RECORDER.inc(m.REQUESTS, tags)
+
+
+class RequestObserver:
+    """Times one admitted request and records its metrics exactly once when it ends."""
+
+    def __init__(self, model: str, version: str, path: str, arrival: float,
+                 prompt_tokens: int, clock=time.monotonic):
+        self._tags = {"model": model, "version": version, "path": path}
+        self._clock = clock
+        self._prompt_tokens = prompt_tokens
+        self._done = False
+        self.timer = RequestTimer(arrival=arrival)
+
+    def dispatched(self) -> None:
+        self.timer.dispatch(self._clock())
+
+    def chunk(self, chunk: TokenChunk) -> None:
+        self.timer.chunk(self._clock(), len(chunk.token_ids))
+
+    def finish(self, outcome: m.Outcome) -> None:
+        if self._done:
+            return
+        self._done = True
+        RECORDER.inc(m.REQUESTS, {**self._tags, "outcome": outcome})
+        timer = self.timer
+        if timer.queue_time is not None:
+            RECORDER.observe(m.QUEUE, self._tags, timer.queue_time)
+        if outcome != "ok":
+            return
+        RECORDER.inc(m.PROMPT_TOKENS, self._tags, self._prompt_tokens)
+        RECORDER.inc(m.GENERATION_TOKENS, self._tags, timer.tokens)
+        if timer.ttft is not None:
+            RECORDER.observe(m.TTFT, self._tags, timer.ttft)
+        if timer.e2e is not None:
+            RECORDER.observe(m.E2E, self._tags, timer.e2e)
+        for gap in timer.inter_token_gaps:
+            RECORDER.observe(m.ITL, self._tags, gap)

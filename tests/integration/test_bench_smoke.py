@@ -1,0 +1,35 @@
+"""`pdserve bench run` end to end against the test cluster: a few requests, no timings."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.integration.conftest import CONFIG, MODEL, REPO
+
+pytestmark = pytest.mark.integration
+
+
+def test_bench_run_measures_every_request(pdserve, tmp_path):
+    completed = subprocess.run(
+        [sys.executable, "-m", "cluster.cli", "bench", "run", "--base-url", pdserve,
+         "--model", MODEL, "--workload", "interference", "--num-requests", "4",
+         "--rates", "4,8", "--scale", "0.05", "--long-fraction", "0.5", "--seed", "1",
+         "--tokenizer", str(CONFIG.model.path), "--out", str(tmp_path), "--no-progress"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "TTFT" in completed.stdout and "goodput" in completed.stdout
+    for rate in ("4.0", "8.0"):
+        result = json.loads((tmp_path / f"run-interference-{rate}.json").read_text())
+        assert result["all"]["requests"] == result["all"]["completed"] == 4
+        assert result["all"]["errors"] == {}
+        for record in result["records"]:
+            assert record["status"] == 200
+            # every planned token arrived and was timed (ignore_eos)
+            assert record["output_tokens"] == len(record["token_times"]) > 0
+    for plot in ("run-interference-ttft-cdf.png", "run-interference-sweep.png"):
+        assert (tmp_path / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

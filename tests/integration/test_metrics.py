@@ -1,0 +1,90 @@
+"""Prometheus metrics on the real stack: what was sent is what was counted."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.integration.conftest import CONFIG, MODEL, wait_until_idle
+from tests.integration.openai_http import generate
+
+pytestmark = pytest.mark.integration
+
+METRICS_URL = f"http://{CONFIG.ray.node_ip_address}:{CONFIG.ray.metrics_export_port}/metrics"
+
+
+def scrape() -> dict[str, dict[tuple, float]]:
+    """pdserve samples summed over worker processes: name -> {sorted labels: value}."""
+    text = httpx.get(METRICS_URL, timeout=30).text
+    sums: dict[str, dict[tuple, float]] = defaultdict(lambda: defaultdict(float))
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.name.startswith("ray_pdserve_"):
+                continue
+            labels = tuple(sorted((k, v) for k, v in sample.labels.items()
+                                  if k in ("model", "pool", "outcome", "source", "le")))
+            sums[sample.name][labels] += sample.value
+    return sums
+
+
+def total(sums, name: str, **labels: str) -> float:
+    wanted = set(labels.items())
+    return sum(value for key, value in sums.get(name, {}).items() if wanted <= set(key))
+
+
+def test_counters_balance_with_what_was_sent(pdserve):
+    wait_until_idle(pdserve)
+    before = scrape()
+    results = [
+        generate(pdserve, "completion", MODEL, f"metrics probe {i} " * (10 + 40 * i),
+                 stream=bool(i % 2), max_tokens=6 + i, temperature=0, ignore_eos=True)
+        for i in range(5)
+    ]
+    assert all(r.status == 200 for r in results)
+    refused = [
+        httpx.post(f"{pdserve}/v1/completions", json={"model": MODEL, "prompt": "x",
+                                                      "max_tokens": 0}),
+        httpx.post(f"{pdserve}/v1/completions", json={"model": "nope", "prompt": "x"}),
+    ]
+    assert [r.status_code for r in refused] == [400, 404]
+    wait_until_idle(pdserve)
+    prompt_tokens = sum(r.usage["prompt_tokens"] for r in results)
+    generated = sum(r.usage["completion_tokens"] for r in results)
+
+    def delta(name: str, **labels: str) -> float:
+        return total(after, name, **labels) - total(before, name, **labels)
+
+    # Ray exports recorded metrics every few seconds: poll until the last ones arrive.
+    deadline = time.monotonic() + 90
+    while True:
+        after = scrape()
+        if (delta("ray_pdserve_requests_total", outcome="ok") >= 5
+                and delta("ray_pdserve_requests_total", outcome="client_error") >= 2
+                and delta("ray_pdserve_engine_generation_tokens_total", pool="decode")
+                >= generated) or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+
+    assert delta("ray_pdserve_requests_total", model=MODEL, outcome="ok") == 5
+    assert delta("ray_pdserve_requests_total", outcome="client_error") == 2
+    assert delta("ray_pdserve_prompt_tokens_total", model=MODEL) == prompt_tokens
+    assert delta("ray_pdserve_generation_tokens_total", model=MODEL) == generated
+    assert delta("ray_pdserve_time_to_first_token_seconds_count", model=MODEL) == 5
+    assert delta("ray_pdserve_e2e_latency_seconds_count", model=MODEL) == 5
+    assert delta("ray_pdserve_inter_token_latency_seconds_count", model=MODEL) == generated - 5
+    assert delta("ray_pdserve_engine_generation_tokens_total", pool="decode") == generated
+    assert delta("ray_pdserve_engine_prompt_tokens_total", pool="prefill",
+                 source="computed") == prompt_tokens
+    # Decode receives the prompts' KV over NIXL; it computes at most a trailing block each.
+    assert delta("ray_pdserve_engine_prompt_tokens_total", pool="decode",
+                 source="transferred") >= prompt_tokens - 5 * CONFIG.engine.block_size
+    assert delta("ray_pdserve_kv_transfer_bytes_total", pool="decode") > 0
+    assert delta("ray_pdserve_kv_transfer_seconds_count", pool="decode") >= 4
+    assert delta("ray_pdserve_kv_transfer_failures_total") == 0
+    assert total(after, "ray_pdserve_pool_replicas", pool="prefill") == 1
+    assert total(after, "ray_pdserve_pool_replicas", pool="decode") == 1
+    assert total(after, "ray_pdserve_kv_cache_usage_ratio", pool="prefill") == 0

@@ -1,0 +1,98 @@
+"""Benchmark workloads and statistics (pure parts of `pdserve bench`)."""
+
+import statistics
+
+import pytest
+
+from cluster.bench.stats import SLO, RequestRecord, percentile, ratio, summarise
+from cluster.bench.workload import WorkloadSpec, arrival_times, plan
+
+
+def count_bytes(text: str) -> int:  # the tiny model's tokenizer: one token per byte
+    return len(text.encode())
+
+
+def test_plan_is_seeded_and_prompts_are_distinct():
+    spec = WorkloadSpec(num_requests=40, seed=3, scale=0.1)
+    first, again = plan(spec, count_bytes), plan(spec, count_bytes)
+    assert first == again
+    assert len({r.prompt for r in first}) == 40
+    # no two prompts share even their first KV block: the prefix cache cannot help
+    assert len({r.prompt[:32] for r in first}) == 40
+    assert plan(WorkloadSpec(num_requests=40, seed=4, scale=0.1), count_bytes) != first
+
+
+def test_prompts_are_text_of_the_recorded_length():
+    for request in plan(WorkloadSpec(num_requests=30, seed=1, scale=0.2), count_bytes):
+        assert count_bytes(request.prompt) == request.prompt_tokens
+        assert request.prompt.isprintable()
+
+
+def test_reference_mix_averages_like_chat_traffic():
+    requests = plan(WorkloadSpec(num_requests=1500, seed=0), lambda text: len(text) // 4)
+    prompts = [r.prompt_tokens for r in requests]
+    outputs = [r.max_tokens for r in requests]
+    assert 380 < statistics.mean(prompts) < 620
+    assert 240 < statistics.mean(outputs) < 360
+    assert max(prompts) > 4000 and max(prompts) <= 8192  # a long tail, capped at 8K
+
+
+def test_interference_mix_has_a_trickle_of_long_prompts():
+    requests = plan(WorkloadSpec(name="interference", num_requests=400, seed=0,
+                                 long_fraction=0.1), lambda text: len(text) // 4)
+    long = [r for r in requests if r.kind == "long"]
+    assert 20 <= len(long) <= 60
+    assert all(4096 <= r.prompt_tokens <= 8192 for r in long)
+    assert all(r.prompt_tokens < 1200 for r in requests if r.kind == "short")
+
+
+def test_arrivals_follow_the_rate_and_the_peak():
+    import random
+
+    steady = arrival_times(WorkloadSpec(rate=5, num_requests=2000), random.Random(0))
+    assert steady == sorted(steady)
+    assert steady[-1] == pytest.approx(400, rel=0.1)
+    peaked = arrival_times(WorkloadSpec(rate=5, num_requests=2000, peak_factor=3,
+                                        peak_window=(100, 200)), random.Random(0))
+    inside = sum(100 <= t < 200 for t in peaked)
+    before = sum(0 <= t < 100 for t in peaked)
+    assert inside > 2.5 * before
+
+
+def test_percentile():
+    assert percentile([], 50) is None
+    assert percentile([3, 1, 2], 50) == 2
+    assert percentile([0, 10], 95) == pytest.approx(9.5)
+
+
+def record(index, ttft, gaps, kind="short", error=None):
+    r = RequestRecord(index, kind, 100, sent_at=1.0, error=error)
+    if error is None:
+        r.first_token_at = 1.0 + ttft
+        r.token_times = [r.first_token_at]
+        for gap in gaps:
+            r.token_times.append(r.token_times[-1] + gap)
+        r.output_tokens = len(r.token_times)
+    return r
+
+
+def test_summary_counts_goodput_and_errors():
+    records = [
+        record(0, 0.2, [0.05, 0.05]),              # meets both SLOs
+        record(1, 0.9, [0.05]),                    # TTFT too slow
+        record(2, 0.1, [0.3, 0.3], kind="long"),   # TPOT too slow
+        record(3, 0, [], error="http_503"),
+    ]
+    summary = summarise(records, duration_s=2.0, slo=SLO(ttft_s=0.5, tpot_s=0.1))
+    assert summary["requests"] == 4 and summary["completed"] == 3
+    assert summary["goodput_requests_per_s"] == 0.5
+    assert summary["errors"] == {"http_503": 1}
+    assert summary["output_tokens_per_s"] == (3 + 2 + 3) / 2
+    assert summary["ttft_s"]["p50"] == pytest.approx(0.2)
+    short = summarise(records, 2.0, SLO(), kind="short")
+    assert short["requests"] == 3 and short["completed"] == 2
+
+
+def test_ratio():
+    assert ratio(1.0, 2.0) == 0.5
+    assert ratio(None, 2.0) is None and ratio(1.0, 0) is None
