@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -23,12 +24,26 @@ from kv_transfer.connector import Role, connector_config, engine_id_for
 logger = logging.getLogger(__name__)
 
 
+# Ray exports a gauge only while it keeps being set; an idle engine is not stepping, so
+# its gauges are re-published at this period (under Ray's export interval).
+GAUGE_REFRESH_S = 2.0
+
+
 class EngineHost:
     """One running vLLM engine plus its statistics."""
 
-    def __init__(self, engine: Any, stats: EngineStats):
+    def __init__(self, engine: Any, stats: EngineStats,
+                 recorder: m.Recorder | None = None, tags: dict[str, str] | None = None):
         self._engine = engine
         self.stats = stats
+        self._stop = threading.Event()
+        if recorder is not None and tags is not None:
+            threading.Thread(target=self._refresh_gauges, args=(recorder, tags),
+                             name="pdserve-gauges", daemon=True).start()
+
+    def _refresh_gauges(self, recorder: m.Recorder, tags: dict[str, str]) -> None:
+        while not self._stop.wait(GAUGE_REFRESH_S):
+            _publish_gauges(recorder, tags, self.stats)
 
     @classmethod
     def start(
@@ -57,12 +72,13 @@ class EngineHost:
         args = AsyncEngineArgs(**engine_kwargs(config, role, kv_config))
         stats = EngineStats(role=role, engine_id=engine_id)
         tags = {"model": config.model.name, "pool": role, "replica": engine_id}
+        recorder = m.Recorder()
         engine = AsyncLLM.from_engine_args(
-            args, stat_loggers=[_stats_logger_factory(stats, m.Recorder(), tags)]
+            args, stat_loggers=[_stats_logger_factory(stats, recorder, tags)]
         )
         logger.info("%s engine %s ready, NIXL side channel %s:%d",
                     role, engine_id, side_channel_host, side_channel_port)
-        return cls(engine, stats)
+        return cls(engine, stats, recorder, tags)
 
     async def generate(
         self, request: EngineRequest, *, kv_transfer_params: Mapping[str, Any] | None,
@@ -97,6 +113,7 @@ class EngineHost:
         await self._engine.check_health()
 
     def shutdown(self) -> None:
+        self._stop.set()
         self._engine.shutdown()
 
 
@@ -130,7 +147,7 @@ def _stats_logger_factory(stats: EngineStats, recorder: m.Recorder, tags: dict[s
 
     class _Logger(StatLoggerBase):
         def __init__(self, vllm_config: Any, engine_index: int = 0):
-            recorder.set(m.REPLICAS, tags, 1)
+            _publish_gauges(recorder, tags, stats)
 
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
             if scheduler_stats is not None:
@@ -150,9 +167,7 @@ def _observe_scheduler(stats: EngineStats, recorder: m.Recorder, tags, scheduler
         scheduler_stats.num_running_reqs,
         scheduler_stats.num_waiting_reqs,
     )
-    recorder.set(m.KV_USAGE, tags, scheduler_stats.kv_cache_usage)
-    recorder.set(m.RUNNING, tags, scheduler_stats.num_running_reqs)
-    recorder.set(m.WAITING, tags, scheduler_stats.num_waiting_reqs)
+    _publish_gauges(recorder, tags, stats)
     data = scheduler_stats.kv_connector_stats
     if not data:
         return
@@ -169,6 +184,13 @@ def _observe_scheduler(stats: EngineStats, recorder: m.Recorder, tags, scheduler
         recorder.observe(m.KV_TRANSFER_SECONDS, tags, seconds)
     recorder.inc(m.KV_TRANSFER_BYTES, tags, num_bytes)
     recorder.inc(m.KV_TRANSFER_FAILURES, tags, failures)
+
+
+def _publish_gauges(recorder: m.Recorder, tags: dict[str, str], stats: EngineStats) -> None:
+    recorder.set(m.REPLICAS, tags, 1)
+    recorder.set(m.KV_USAGE, tags, stats.kv_cache_usage)
+    recorder.set(m.RUNNING, tags, stats.num_running)
+    recorder.set(m.WAITING, tags, stats.num_waiting)
 
 
 def _observe_iteration(stats: EngineStats, recorder: m.Recorder, tags, iteration_stats) -> None:

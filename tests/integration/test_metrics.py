@@ -31,6 +31,22 @@ def scrape() -> dict[str, dict[tuple, float]]:
     return sums
 
 
+def settled_scrape(timeout_s: float = 90) -> dict[str, dict[tuple, float]]:
+    """A scrape after Ray has exported everything recorded so far.
+
+    Ray exports recorded metrics every few seconds; two identical scrapes ten seconds
+    apart mean nothing recorded earlier is still on its way.
+    """
+    deadline = time.monotonic() + timeout_s
+    previous = scrape()
+    while True:
+        time.sleep(10)
+        current = scrape()
+        if current == previous or time.monotonic() > deadline:
+            return current
+        previous = current
+
+
 def total(sums, name: str, **labels: str) -> float:
     wanted = set(labels.items())
     return sum(value for key, value in sums.get(name, {}).items() if wanted <= set(key))
@@ -38,7 +54,7 @@ def total(sums, name: str, **labels: str) -> float:
 
 def test_counters_balance_with_what_was_sent(pdserve):
     wait_until_idle(pdserve)
-    before = scrape()
+    before = settled_scrape()
     results = [
         generate(pdserve, "completion", MODEL, f"metrics probe {i} " * (10 + 40 * i),
                  stream=bool(i % 2), max_tokens=6 + i, temperature=0, ignore_eos=True)
@@ -52,22 +68,12 @@ def test_counters_balance_with_what_was_sent(pdserve):
     ]
     assert [r.status_code for r in refused] == [400, 404]
     wait_until_idle(pdserve)
+    after = settled_scrape()
     prompt_tokens = sum(r.usage["prompt_tokens"] for r in results)
     generated = sum(r.usage["completion_tokens"] for r in results)
 
     def delta(name: str, **labels: str) -> float:
         return total(after, name, **labels) - total(before, name, **labels)
-
-    # Ray exports recorded metrics every few seconds: poll until the last ones arrive.
-    deadline = time.monotonic() + 90
-    while True:
-        after = scrape()
-        if (delta("ray_pdserve_requests_total", outcome="ok") >= 5
-                and delta("ray_pdserve_requests_total", outcome="client_error") >= 2
-                and delta("ray_pdserve_engine_generation_tokens_total", pool="decode")
-                >= generated) or time.monotonic() > deadline:
-            break
-        time.sleep(2)
 
     assert delta("ray_pdserve_requests_total", model=MODEL, outcome="ok") == 5
     assert delta("ray_pdserve_requests_total", outcome="client_error") == 2
