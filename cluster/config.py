@@ -175,6 +175,17 @@ class PDServeConfig(_Strict):
     ray: RayConfig = RayConfig()
 
     @model_validator(mode="after")
+    def _context_fits_generated_model(self) -> PDServeConfig:
+        spec = self.model.generate
+        if spec is not None and self.engine.max_model_len > spec.max_position_embeddings:
+            raise ValueError(
+                f"engine.max_model_len ({self.engine.max_model_len}) exceeds the generated "
+                f"model's model.generate.max_position_embeddings "
+                f"({spec.max_position_embeddings})"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _pools_share_kv_layout(self) -> PDServeConfig:
         # KV blocks are copied verbatim between pools, so anything that shapes a block
         # must be identical on both sides.

@@ -108,13 +108,25 @@ def build_tiny_model(path: Path, spec: TinyModelSpec) -> None:
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
         (staging / MARKER_FILE).write_text(json.dumps(spec.model_dump(), indent=2))
-        try:
-            os.rename(staging, path)
-        except OSError:
-            if not is_complete(path):  # lost a race only if the winner finished
-                raise
+        _replace_directory(staging, path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _replace_directory(new: Path, path: Path) -> None:
+    """Move ``new`` to ``path``, replacing an outdated model there; rename is atomic."""
+    outdated = None
+    if path.exists():
+        outdated = path.with_name(f".{path.name}-outdated-{os.getpid()}")
+        os.rename(path, outdated)
+    try:
+        os.rename(new, path)
+    except OSError:
+        if not is_complete(path):  # lost a race only if the winner finished
+            raise
+    finally:
+        if outdated is not None:
+            shutil.rmtree(outdated, ignore_errors=True)
 
 
 def _prefer_printable_output(model, eos_token_id: int) -> None:
@@ -139,14 +151,32 @@ def is_complete(path: Path) -> bool:
     return (path / MARKER_FILE).is_file() and (path / "config.json").is_file()
 
 
+def _generated_spec(path: Path) -> dict | None:
+    try:
+        return json.loads((path / MARKER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def ensure_model(path: Path, spec: TinyModelSpec | None) -> Path:
-    """Return ``path``, generating the tiny model there first if it is configured and missing."""
-    if path.is_dir() and (path / "config.json").is_file():
-        return path
+    """Return ``path``, generating the tiny model there first if it is configured and missing.
+
+    A directory this module generated from a different spec is regenerated: a changed
+    ``model.generate`` must not silently keep serving the old model.
+    """
     if spec is None:
+        if path.is_dir() and (path / "config.json").is_file():
+            return path
         raise FileNotFoundError(
             f"model directory {path} does not exist (set model.generate to build a tiny "
             "local model, or point model.path at a Hugging Face model directory)"
+        )
+    if is_complete(path) and _generated_spec(path) == spec.model_dump():
+        return path
+    if path.exists() and not is_complete(path) and (path / "config.json").is_file():
+        raise FileExistsError(
+            f"{path} holds a model pdserve did not generate; remove model.generate or "
+            "choose another model.path"
         )
     build_tiny_model(path, spec)
     return path

@@ -2,7 +2,10 @@
 
 Two NIXL agents (UCX backend, TCP on loopback — the transport the CPU engines use) each
 register a CPU buffer laid out as KV blocks; one agent READs the other's blocks, as a decode
-engine pulls a prefill engine's. The same bytes copied with ``torch`` (a plain host
+engine pulls a prefill engine's. Like the CPU engines (see docs/design.md), the agents run
+without NIXL's spinning progress thread: both sides are progressed by polling, the reader
+through its transfer state and the owner through its notifications, as vLLM's connector
+does on every engine step. The same bytes copied with ``torch`` (a plain host
 ``memcpy``) are the baseline: the ratio says how close the transfer path comes to the
 machine's memory bandwidth.
 """
@@ -19,7 +22,7 @@ def _agents():
     os.environ.setdefault("UCX_TLS", "tcp,self")
     from nixl._api import nixl_agent, nixl_agent_config
 
-    config = nixl_agent_config(backends=["UCX"])
+    config = nixl_agent_config(enable_prog_thread=False, backends=["UCX"])
     return nixl_agent("bench-reader", config), nixl_agent("bench-owner", config)
 
 
@@ -42,6 +45,7 @@ def _nixl_read_seconds(reader, owner, num_bytes: int, repeats: int) -> float:
             started = time.perf_counter()
             state = reader.transfer(handle)
             while state not in ("DONE", "ERR"):
+                owner.get_new_notifs()  # progresses the owner's side of the READ
                 state = reader.check_xfer_state(handle)
             elapsed = time.perf_counter() - started
             reader.release_xfer_handle(handle)

@@ -11,11 +11,12 @@ MINIMAL = {"model": {"name": "m", "path": "/models/m"}}
 
 
 @pytest.mark.parametrize(
-    "path", ["ray_configs/local.yaml", "tests/integration/pdserve-test.yaml"]
+    "path", ["ray_configs/local.yaml", "tests/integration/pdserve-test.yaml",
+             "ray_configs/bench.yaml"]
 )
 def test_shipped_configs_load(path):
     config = load_config(REPO / path)
-    assert config.model.name == "tiny-llama"
+    assert config.model.name.startswith("tiny-llama")
     assert config.engine.block_size == 32
     assert config.prefill.replicas == config.decode.replicas == 1
 
@@ -48,6 +49,13 @@ def test_invalid_field_is_named(data, field, words):
 def test_pools_may_not_diverge_in_kv_layout():
     data = {**MINIMAL, "decode": {"engine_overrides": {"block_size": 64}}}
     with pytest.raises(ConfigError, match=r"decode.engine_overrides may not set \['block_size'\]"):
+        parse_config(data)
+
+
+def test_context_must_fit_the_generated_model():
+    data = {"model": {**MINIMAL["model"], "generate": {"max_position_embeddings": 4096}},
+            "engine": {"max_model_len": 8192}}
+    with pytest.raises(ConfigError, match="max_position_embeddings"):
         parse_config(data)
 
 
