@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import signal
-import socket
 import sys
 import threading
 from pathlib import Path
@@ -75,7 +74,9 @@ def _up(config: PDServeConfig) -> int:
     if _model(config) != 0:
         return 2
     local = config.ray.address is None
-    if local and not _port_is_free(config.router.host, config.router.port):
+    from cluster.processes import port_is_free
+
+    if local and not port_is_free(config.router.host, config.router.port):
         print(f"pdserve: port {config.router.port} on {config.router.host} is in use",
               file=sys.stderr)
         return 2
@@ -120,16 +121,6 @@ def _start_ray(config: PDServeConfig) -> None:
         _node_ip_address=config.ray.node_ip_address,
         _metrics_export_port=config.ray.metrics_export_port,
     )
-
-
-def _port_is_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def _metrics_url(config: PDServeConfig) -> str:

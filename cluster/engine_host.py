@@ -99,16 +99,6 @@ class EngineHost:
     async def abort(self, request_id: str) -> None:
         await self._engine.abort(request_id)
 
-    async def release_kv(self, request_id: str, kv_transfer_params: Mapping[str, Any]) -> None:
-        """Tell the producer that holds these KV blocks to free them now (consumer side).
-
-        Used when a prefilled request will never be decoded (its client left between the
-        two phases), so the blocks do not stay pinned until their lease runs out.
-        """
-        await self._engine.notify_kv_transfer_request_rejected(
-            request_id, dict(kv_transfer_params)
-        )
-
     async def check_health(self) -> None:
         await self._engine.check_health()
 
@@ -206,3 +196,35 @@ def _observe_iteration(stats: EngineStats, recorder: m.Recorder, tags, iteration
                           ("transferred", tokens.external_kv_transfer)):
         recorder.inc(m.ENGINE_PROMPT_TOKENS, {**tags, "source": source}, count)
     recorder.inc(m.ENGINE_GENERATION_TOKENS, tags, iteration_stats.num_generation_tokens)
+
+
+class EngineReplica:
+    """What both pools' Serve deployments share: one engine per replica, its lifecycle.
+
+    Subclasses add the pool's request method (``prefill`` or ``generate``).
+    """
+
+    role: Role
+
+    def __init__(self, config: PDServeConfig, pool_index: int):
+        from cluster.replica import current_replica_identity
+
+        identity = current_replica_identity(config, pool_index)
+        self._host = EngineHost.start(
+            config,
+            self.role,
+            replica_id=identity.replica_id,
+            side_channel_host=identity.side_channel_host,
+            side_channel_port=identity.side_channel_port,
+        )
+
+    async def stats(self) -> dict:
+        return self._host.stats.snapshot()
+
+    async def check_health(self) -> None:
+        await self._host.check_health()
+
+    def __del__(self) -> None:
+        host = getattr(self, "_host", None)
+        if host is not None:
+            host.shutdown()

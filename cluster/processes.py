@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,6 +19,17 @@ from pathlib import Path
 import httpx
 
 from cluster.config import PDServeConfig
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """True if nothing listens on ``host:port`` (a bind succeeds)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 class ServerFailed(RuntimeError):

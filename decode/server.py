@@ -14,26 +14,16 @@ from collections.abc import AsyncIterator
 
 from ray import serve
 
-from cluster.config import PDServeConfig
-from cluster.engine_host import EngineHost
+from cluster.engine_host import EngineReplica
 from cluster.messages import EngineRequest, TokenChunk
-from cluster.replica import current_replica_identity
 from kv_transfer.handle import KVHandle
 
 logger = logging.getLogger(__name__)
 
 
 @serve.deployment
-class DecodeServer:
-    def __init__(self, config: PDServeConfig, pool_index: int = 1):
-        identity = current_replica_identity(config, pool_index)
-        self._host = EngineHost.start(
-            config,
-            "decode",
-            replica_id=identity.replica_id,
-            side_channel_host=identity.side_channel_host,
-            side_channel_port=identity.side_channel_port,
-        )
+class DecodeServer(EngineReplica):
+    role = "decode"
 
     async def generate(
         self, request: EngineRequest, handle: KVHandle | None
@@ -54,18 +44,3 @@ class DecodeServer:
                 cached_prompt_tokens=output.num_cached_tokens or 0,
                 stop_reason=completion.stop_reason,
             )
-
-    async def release(self, request_id: str, handle: KVHandle) -> None:
-        """Free a handle's blocks on its prefill engine without decoding it."""
-        await self._host.release_kv(request_id, handle.to_params())
-
-    async def stats(self) -> dict:
-        return self._host.stats.snapshot()
-
-    async def check_health(self) -> None:
-        await self._host.check_health()
-
-    def __del__(self) -> None:
-        host = getattr(self, "_host", None)
-        if host is not None:
-            host.shutdown()

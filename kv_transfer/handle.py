@@ -4,8 +4,7 @@ The prefill engine returns it (vLLM's ``kv_transfer_params`` of a request finish
 ``do_remote_decode``); the router passes it, unchanged, to the decode engine, whose
 NixlConnector reads the blocks from ``remote_host:remote_port`` and then tells the prefill
 engine to free them. If no decode engine ever reads them, the prefill engine frees them
-when the lease (``remote_blocks_expiry_time`` / vLLM's ``kv_lease_duration``) runs out, or
-at once when the decode side rejects the handle (see ``DecodeServer.release``).
+when the lease (vLLM's ``kv_lease_duration``) runs out.
 """
 
 from __future__ import annotations

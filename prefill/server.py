@@ -12,26 +12,16 @@ import logging
 
 from ray import serve
 
-from cluster.config import PDServeConfig
-from cluster.engine_host import EngineHost
+from cluster.engine_host import EngineReplica
 from cluster.messages import EngineRequest, PrefillResult
-from cluster.replica import current_replica_identity
 from kv_transfer.handle import KVHandle, prefill_request_params
 
 logger = logging.getLogger(__name__)
 
 
 @serve.deployment
-class PrefillServer:
-    def __init__(self, config: PDServeConfig, pool_index: int = 0):
-        identity = current_replica_identity(config, pool_index)
-        self._host = EngineHost.start(
-            config,
-            "prefill",
-            replica_id=identity.replica_id,
-            side_channel_host=identity.side_channel_host,
-            side_channel_port=identity.side_channel_port,
-        )
+class PrefillServer(EngineReplica):
+    role = "prefill"
 
     async def prefill(self, request: EngineRequest) -> PrefillResult:
         """Compute the prompt's KV and return where it waits for a decode engine."""
@@ -51,14 +41,3 @@ class PrefillServer:
             prompt_tokens=len(request.prompt_token_ids),
             cached_prompt_tokens=final.num_cached_tokens or 0,
         )
-
-    async def stats(self) -> dict:
-        return self._host.stats.snapshot()
-
-    async def check_health(self) -> None:
-        await self._host.check_health()
-
-    def __del__(self) -> None:
-        host = getattr(self, "_host", None)
-        if host is not None:
-            host.shutdown()

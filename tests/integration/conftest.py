@@ -8,7 +8,6 @@ shutdown was clean: exit status 0, the port free again, no Ray or engine process
 from __future__ import annotations
 
 import signal
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,20 +46,11 @@ def _cluster_processes() -> set[tuple[int, str]]:
     return found
 
 
-def _port_is_free(host: str, port: int) -> bool:
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 @pytest.fixture(scope="session")
 def pdserve() -> Iterator[str]:
     """Base URL of a running pdserve; asserts a clean shutdown afterwards."""
-    assert _port_is_free(CONFIG.router.host, CONFIG.router.port), "test port already in use"
+    host, port = CONFIG.router.host, CONFIG.router.port
+    assert processes.port_is_free(host, port), f"test port {port} already in use"
     before = _cluster_processes()
     server = processes.start_pdserve(CONFIG_PATH, CONFIG, LOG_DIR, REPO)
     try:
@@ -71,7 +61,7 @@ def pdserve() -> Iterator[str]:
     assert returncode == 0, f"pdserve exited with {returncode} after SIGINT; see {server.log}"
     leftover = _wait_for_exit(before)
     assert not leftover, f"processes left behind after shutdown: {leftover}"
-    assert _port_is_free(CONFIG.router.host, CONFIG.router.port), "port still bound"
+    assert processes.port_is_free(CONFIG.router.host, CONFIG.router.port), "port still bound"
 
 
 def _ready_or_fail(server: processes.ManagedServer) -> None:
