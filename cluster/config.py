@@ -137,6 +137,17 @@ class KVTransferConfig(_Strict):
     )
 
 
+class AdmissionConfig(_Strict):
+    """Admission control of one router replica (see router/admission.py)."""
+
+    token_budget: int = Field(
+        262144, ge=1, description="in-flight prompt + max_tokens admitted at once"
+    )
+    max_queue: int = Field(256, ge=0, description="requests allowed to wait; beyond: 429")
+    max_wait_s: float = Field(30, gt=0, description="longest wait before 503")
+    retry_after_s: int = Field(1, ge=1, description="Retry-After of 429 and 503 answers")
+
+
 class RouterConfig(_Strict):
     """The HTTP ingress."""
 
@@ -146,7 +157,12 @@ class RouterConfig(_Strict):
     replicas: int = Field(1, ge=1)
     max_ongoing_requests: int = Field(1024, ge=1)
     default_max_tokens: int = Field(256, ge=1, description="used when a request sets none")
-    request_timeout_s: float = Field(600, gt=0)
+    disaggregation_threshold_tokens: int = Field(
+        0, ge=0,
+        description="prompts shorter than this are prefilled by the decode engine "
+        "(0: every request goes through the prefill pool)",
+    )
+    admission: AdmissionConfig = AdmissionConfig()
 
 
 class RayConfig(_Strict):

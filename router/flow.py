@@ -12,6 +12,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from cluster.messages import EngineRequest, PrefillResult, TokenChunk
+from router.disaggregation import Path
 
 logger = logging.getLogger(__name__)
 
@@ -24,17 +25,24 @@ class DisaggregatedFlow:
         self._decode = decode_handle.options(stream=True)
         self._decode_unary = decode_handle
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[TokenChunk]:
+    async def generate(
+        self, request: EngineRequest, path: Path = "disaggregated"
+    ) -> AsyncIterator[TokenChunk]:
         """Yield the request's token chunks; the last one carries ``finish_reason``.
+
+        On the ``decode_local`` path the decode engine prefills the prompt itself.
 
         If the consumer stops early (client disconnect → cancellation or ``aclose``),
         the decode stream is cancelled, which aborts the request in the decode engine;
         the engine's connector then releases the prompt's blocks on the prefill side.
         """
-        # Cancelling while this await is pending cancels the prefill call too (Serve
-        # propagates cancellation), and vLLM aborts it and frees its blocks at once.
-        prefill: PrefillResult = await self._prefill.prefill.remote(request)
-        stream = self._decode.generate.remote(request, prefill.handle)
+        handle = None
+        if path == "disaggregated":
+            # Cancelling while this await is pending cancels the prefill call too (Serve
+            # propagates cancellation), and vLLM aborts it and frees its blocks at once.
+            prefill: PrefillResult = await self._prefill.prefill.remote(request)
+            handle = prefill.handle
+        stream = self._decode.generate.remote(request, handle)
         finished = False
         try:
             async for chunk in stream:

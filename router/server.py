@@ -24,6 +24,7 @@ from cluster.config import PDServeConfig
 from cluster.messages import EngineRequest, TokenChunk
 from cluster.metrics import outcome_for_status
 from router import openai_format as fmt
+from router.disaggregation import choose_path
 from router.errors import (
     APIError,
     bad_request,
@@ -34,6 +35,7 @@ from router.errors import (
 )
 from router.failures import client_error, error_response
 from router.flow import DisaggregatedFlow, prepend
+from router.gate import AdmissionGate
 from router.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -77,6 +79,7 @@ class Router:
         self._tokenizer = AutoTokenizer.from_pretrained(str(config.model.path))
         self._vocab_size = len(self._tokenizer)
         self._flow = DisaggregatedFlow(prefill_handle, decode_handle)
+        self._gate = AdmissionGate(config.router.admission)
         self._created = int(time.time())
 
     # ---- endpoints -------------------------------------------------------------------
@@ -147,12 +150,21 @@ class Router:
         meta = fmt.ResponseMeta(
             request_id, body.model, int(time.time()), kind, body.return_token_ids
         )
-        # One model version and one path for now; model versions and per-request
-        # disaggregation choices will fill these labels.
-        observer = RequestObserver(body.model, self._config.model.name, "disaggregated",
-                                   arrival, len(prompt_ids))
+        path = choose_path(len(prompt_ids), self._config.router.disaggregation_threshold_tokens)
+        # One model version for now; model versions will fill the version label.
+        observer = RequestObserver(body.model, self._config.model.name, path, arrival,
+                                   len(prompt_ids))
+        try:
+            # The most KV this request can come to hold: prompt plus every allowed token.
+            ticket = await self._gate.acquire(len(prompt_ids) + max_tokens)
+        except APIError as refusal:
+            observer.finish(outcome_for_status(refusal.status))
+            return error_response(refusal, request_id)
+        except BaseException:
+            observer.finish("cancelled")
+            raise
         observer.dispatched()
-        chunks = self._flow.generate(engine_request)
+        chunks = self._released_at_end(ticket, self._flow.generate(engine_request, path))
         try:
             # Wait for the first token before answering, so that a failure before any
             # output still gets a proper status code instead of an error inside a 200 stream.
@@ -163,6 +175,7 @@ class Router:
             observer.finish(outcome_for_status(api_error.status))
             return error_response(api_error, request_id)
         except BaseException:  # cancelled: the client went away
+            await chunks.aclose()
             observer.finish("cancelled")
             raise
         observer.chunk(first)
@@ -179,8 +192,19 @@ class Router:
         except BaseException:
             observer.finish("cancelled")
             raise
+        finally:
+            await chunks.aclose()  # ends the decode stream and frees the admission ticket
         observer.finish("ok")
         return JSONResponse(response, headers=headers)
+
+    async def _released_at_end(self, ticket, chunks):
+        """``chunks``, giving the admission ticket back however the stream ends."""
+        try:
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            self._gate.release(ticket)
+            await chunks.aclose()
 
     async def _collect(self, meta, prompt_ids, first: TokenChunk, chunks, observer) -> dict:
         texts, token_ids, last = [first.text], list(first.token_ids), first
