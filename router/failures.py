@@ -10,7 +10,9 @@ import logging
 
 from fastapi.responses import JSONResponse
 
+from cluster.metrics import outcome_for_status
 from router.errors import APIError, internal_error, service_unavailable
+from router.telemetry import RequestObserver
 
 logger = logging.getLogger(__name__)
 
@@ -40,3 +42,10 @@ def client_error(error: BaseException, request_id: str) -> APIError:
         return service_unavailable("the model's engines are unavailable; retry shortly")
     logger.error("request %s failed: %r", request_id, error, exc_info=error)
     return internal_error(request_id)
+
+
+def failed_response(error: Exception, request_id: str, observer: RequestObserver) -> JSONResponse:
+    """The answer to a request that failed inside the pools, counted once in the metrics."""
+    api_error = client_error(error, request_id)
+    observer.finish(outcome_for_status(api_error.status))
+    return error_response(api_error, request_id)

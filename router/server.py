@@ -33,7 +33,7 @@ from router.errors import (
     route_not_found,
     service_unavailable,
 )
-from router.failures import client_error, error_response
+from router.failures import client_error, error_response, failed_response
 from router.flow import DisaggregatedFlow, prepend
 from router.gate import AdmissionGate
 from router.protocol import (
@@ -171,9 +171,7 @@ class Router:
             first = await anext(chunks)
         except Exception as error:
             await chunks.aclose()
-            api_error = client_error(error, request_id)
-            observer.finish(outcome_for_status(api_error.status))
-            return error_response(api_error, request_id)
+            return failed_response(error, request_id, observer)
         except BaseException:  # cancelled: the client went away
             await chunks.aclose()
             observer.finish("cancelled")
@@ -186,9 +184,7 @@ class Router:
         try:
             response = await self._collect(meta, prompt_ids, first, chunks, observer)
         except Exception as error:
-            api_error = client_error(error, request_id)
-            observer.finish(outcome_for_status(api_error.status))
-            return error_response(api_error, request_id)
+            return failed_response(error, request_id, observer)
         except BaseException:
             observer.finish("cancelled")
             raise
