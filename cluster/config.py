@@ -144,6 +144,9 @@ class AdmissionConfig(_Strict):
         262144, ge=1, description="in-flight prompt + max_tokens admitted at once"
     )
     max_queue: int = Field(256, ge=0, description="requests allowed to wait; beyond: 429")
+    max_queue_per_key: int | None = Field(
+        None, ge=0, description="one API key's (or user's) share of the queue; None: all"
+    )
     max_wait_s: float = Field(30, gt=0, description="longest wait before 503")
     retry_after_s: int = Field(1, ge=1, description="Retry-After of 429 and 503 answers")
 

@@ -1,10 +1,14 @@
-"""Admission control (pure): a token budget, a bounded FIFO queue, a maximum wait.
+"""Admission control (pure): a token budget, fair bounded queues, a maximum wait.
 
 A request costs its prompt tokens plus its ``max_tokens`` (the most KV it can come to
-hold). Requests run while their costs fit the budget; beyond it they wait in a FIFO queue
-of bounded length; a full queue refuses at once (429) and a request that waited longer
-than the maximum is refused (503). Both refusals carry a Retry-After. Overload thus
-queues or refuses instead of pushing engines into preemption or out of memory.
+hold). Requests run while their costs fit the budget; beyond it they wait. Each client key
+(an API key, or the ``user`` field) has its own FIFO queue, and the queues take turns
+(round robin), so one key flooding the service cannot starve the others: it fills only its
+own queue (``max_queue_per_key``, then 429), gets one admission per turn, and its waiters
+do not hold back another key's request that fits the budget. A full global
+queue refuses at once (429) and a request that waited longer than the maximum is refused
+(503). Both refusals carry a Retry-After. Overload thus queues or refuses instead of
+pushing engines into preemption or out of memory.
 
 The controller holds no clock and no asyncio: the shell passes ``now`` in and resolves
 the waiters it returns, so a recorded trace replays exactly.
@@ -12,11 +16,24 @@ the waiters it returns, so a recorded trace replays exactly.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import hashlib
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Literal
 
 Ticket = int
+
+
+def client_key(authorization: str | None, user: str | None) -> str:
+    """Whose share of the queue a request uses: its API key, else its ``user``.
+
+    The key is hashed: raw API keys must never reach logs or metrics.
+    """
+    if authorization and authorization.lower().startswith("bearer ") and authorization[7:]:
+        return "key:" + hashlib.sha256(authorization[7:].encode()).hexdigest()[:16]
+    if user:
+        return "user:" + user
+    return "anonymous"
 
 
 @dataclass(frozen=True)
@@ -25,10 +42,17 @@ class AdmissionPolicy:
     max_queue: int           # requests allowed to wait
     max_wait_s: float        # longest a request may wait before 503
     retry_after_s: int = 1
+    max_queue_per_key: int | None = None  # one key's share of the queue (None: max_queue)
 
     def __post_init__(self) -> None:
         if self.token_budget < 1 or self.max_queue < 0 or self.max_wait_s <= 0:
             raise ValueError("token_budget >= 1, max_queue >= 0 and max_wait_s > 0 required")
+        if self.max_queue_per_key is not None and self.max_queue_per_key < 0:
+            raise ValueError("max_queue_per_key must be >= 0")
+
+    @property
+    def key_queue_limit(self) -> int:
+        return self.max_queue if self.max_queue_per_key is None else self.max_queue_per_key
 
 
 @dataclass(frozen=True)
@@ -47,7 +71,10 @@ class AdmissionController:
         self.policy = policy
         self.in_flight_tokens = 0
         self._running: dict[Ticket, int] = {}
-        self._waiting: OrderedDict[Ticket, tuple[int, float]] = OrderedDict()
+        # every waiter: (cost, since, key); per key a FIFO; keys with waiters take turns
+        self._waiting: OrderedDict[Ticket, tuple[int, float, str]] = OrderedDict()
+        self._queues: dict[str, deque[Ticket]] = {}
+        self._turns: deque[str] = deque()
 
     @property
     def queue_length(self) -> int:
@@ -57,14 +84,21 @@ class AdmissionController:
         # A request larger than the whole budget runs alone rather than never.
         return self.in_flight_tokens + cost <= self.policy.token_budget or not self._running
 
-    def request(self, ticket: Ticket, cost: int, now: float) -> Decision:
-        """Admit, queue or refuse a new request. FIFO: nobody overtakes a waiter."""
-        if not self._waiting and self._fits(cost):
+    def request(self, ticket: Ticket, cost: int, now: float, key: str = "") -> Decision:
+        """Admit, queue or refuse a new request. Nobody overtakes a waiter of its own key;
+        another key's waiters (a flood) do not hold it back when it fits."""
+        if key not in self._queues and self._fits(cost):
             self._start(ticket, cost)
             return ADMIT
-        if len(self._waiting) >= self.policy.max_queue:
+        own_queue = self._queues.get(key, ())
+        if (len(self._waiting) >= self.policy.max_queue
+                or len(own_queue) >= self.policy.key_queue_limit):
             return Decision("reject", 429, self.policy.retry_after_s)
-        self._waiting[ticket] = (cost, now)
+        self._waiting[ticket] = (cost, now, key)
+        if key not in self._queues:
+            self._queues[key] = deque()
+            self._turns.append(key)
+        self._queues[key].append(ticket)
         return QUEUE
 
     def release(self, ticket: Ticket) -> list[Ticket]:
@@ -78,26 +112,52 @@ class AdmissionController:
         Returns the waiters admitted because it left (it may have blocked the head), or
         None if it was not waiting: it had been admitted already.
         """
-        if self._waiting.pop(ticket, None) is None:
+        entry = self._waiting.pop(ticket, None)
+        if entry is None:
             return None
+        key = entry[2]
+        self._queues[key].remove(ticket)
+        if not self._queues[key]:
+            self._drop_key(key)
         return self._admit_waiters()
 
     def expired(self, now: float) -> list[Ticket]:
         """Waiters that have waited longer than ``max_wait_s`` (to be refused with 503)."""
-        return [t for t, (_, since) in self._waiting.items()
+        return [t for t, (_, since, _) in self._waiting.items()
                 if now - since > self.policy.max_wait_s]
 
     def _start(self, ticket: Ticket, cost: int) -> None:
         self._running[ticket] = cost
         self.in_flight_tokens += cost
 
+    def _drop_key(self, key: str) -> None:
+        del self._queues[key]
+        self._turns.remove(key)
+
     def _admit_waiters(self) -> list[Ticket]:
+        """Admit heads of the per-key queues, taking turns, while budget allows.
+
+        A key whose head does not fit yet is passed over but keeps its place in line, so
+        it goes first once enough budget is free; a key that was served goes to the back.
+        """
         admitted = []
-        while self._waiting:
-            ticket, (cost, _) = next(iter(self._waiting.items()))
-            if not self._fits(cost):
+        progress = True
+        while progress:
+            progress = False
+            for key in list(self._turns):
+                ticket = self._queues[key][0]
+                cost = self._waiting[ticket][0]
+                if not self._fits(cost):
+                    continue
+                self._queues[key].popleft()
+                del self._waiting[ticket]
+                self._start(ticket, cost)
+                admitted.append(ticket)
+                self._turns.remove(key)
+                if self._queues[key]:
+                    self._turns.append(key)
+                else:
+                    del self._queues[key]
+                progress = True
                 break
-            del self._waiting[ticket]
-            self._start(ticket, cost)
-            admitted.append(ticket)
         return admitted

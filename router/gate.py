@@ -24,15 +24,17 @@ def overloaded(status: int, retry_after_s: int, message: str, code: str) -> APIE
 class AdmissionGate:
     def __init__(self, config: AdmissionConfig, clock=time.monotonic):
         self._controller = AdmissionController(AdmissionPolicy(
-            config.token_budget, config.max_queue, config.max_wait_s, config.retry_after_s))
+            config.token_budget, config.max_queue, config.max_wait_s, config.retry_after_s,
+            config.max_queue_per_key))
         self._policy = self._controller.policy
         self._clock = clock
         self._ids = itertools.count()
         self._waiters: dict[Ticket, asyncio.Future] = {}
 
-    async def acquire(self, cost: int) -> Ticket:
+    async def acquire(self, cost: int, key: str = "anonymous") -> Ticket:
+        """Wait for admission in ``key``'s queue; raise the 429/503 answer if refused."""
         ticket = next(self._ids)
-        decision = self._controller.request(ticket, cost, self._clock())
+        decision = self._controller.request(ticket, cost, self._clock(), key)
         if decision.action == "admit":
             return ticket
         if decision.action == "reject":

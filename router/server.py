@@ -24,6 +24,7 @@ from cluster.config import PDServeConfig
 from cluster.messages import EngineRequest, TokenChunk
 from cluster.metrics import outcome_for_status
 from router import openai_format as fmt
+from router.admission import client_key
 from router.disaggregation import choose_path
 from router.errors import (
     APIError,
@@ -117,7 +118,8 @@ class Router:
         else:
             check_token_ids(prompt, self._vocab_size)
             prompt_ids = list(prompt)
-        return await self._serve(body, prompt_ids, "completion", "cmpl", arrival)
+        return await self._serve(body, prompt_ids, "completion", "cmpl", arrival,
+                                 client_key(request.headers.get("authorization"), body.user))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
@@ -130,12 +132,14 @@ class Router:
         except Exception as error:  # a template may refuse e.g. a role order it cannot render
             raise bad_request(f"messages cannot be rendered: {error}", "messages") from None
         prompt_ids = self._tokenizer.encode(text, add_special_tokens=False)
-        return await self._serve(body, prompt_ids, "chat", "chatcmpl", arrival)
+        return await self._serve(body, prompt_ids, "chat", "chatcmpl", arrival,
+                                 client_key(request.headers.get("authorization"), body.user))
 
     # ---- the serving path ------------------------------------------------------------
 
     async def _serve(
-        self, body, prompt_ids: list[int], kind: fmt.Kind, id_prefix: str, arrival: float
+        self, body, prompt_ids: list[int], kind: fmt.Kind, id_prefix: str, arrival: float,
+        key: str,
     ):
         if body.model != self._config.model.name:
             raise model_not_found(body.model)
@@ -156,7 +160,7 @@ class Router:
                                    len(prompt_ids))
         try:
             # The most KV this request can come to hold: prompt plus every allowed token.
-            ticket = await self._gate.acquire(len(prompt_ids) + max_tokens)
+            ticket = await self._gate.acquire(len(prompt_ids) + max_tokens, key)
         except APIError as refusal:
             observer.finish(outcome_for_status(refusal.status))
             return error_response(refusal, request_id)

@@ -35,21 +35,41 @@ def test_short_prompts_skip_the_prefill_pool_and_long_ones_use_it(pdserve):
 
 
 def test_over_budget_load_is_queued_or_refused_while_admitted_requests_finish(pdserve):
-    """Budget 20,000 tokens, queue of 2, 3 s wait; each request may hold 7,000 tokens."""
+    """Budget 20,000 tokens, queue of 2, 3 s wait; each flood request may hold 7,000 tokens.
+
+    Key A floods; key B's small request arrives in the middle of it and is admitted at
+    once (it fits the budget, and A's waiters do not hold back another key).
+    """
     wait_until_idle(pdserve)
     admission = CONFIG.router.admission
     body = {"model": MODEL, "prompt": "x" * 6000, "max_tokens": 1000, "ignore_eos": True}
     assert 2 * 7000 <= admission.token_budget < 3 * 7000 and admission.max_queue == 2
+    finished_at: dict[str, float] = {}
 
-    async def send_all() -> list[httpx.Response]:
+    async def send_all() -> tuple[list[httpx.Response], httpx.Response]:
         async with httpx.AsyncClient(base_url=pdserve, timeout=300) as client:
-            async def one(i: int) -> httpx.Response:
-                await asyncio.sleep(0.4 * i)  # arrive in order
-                return await client.post("/v1/completions",
-                                         json={**body, "prompt": f"{i}" + body["prompt"]})
-            return await asyncio.gather(*(one(i) for i in range(5)))
+            loop = asyncio.get_running_loop()
 
-    responses = asyncio.run(send_all())
+            async def flood(i: int) -> httpx.Response:
+                await asyncio.sleep(0.4 * i)  # arrive in order
+                response = await client.post(
+                    "/v1/completions", json={**body, "prompt": f"{i}" + body["prompt"]},
+                    headers={"Authorization": "Bearer key-a"})
+                finished_at[f"a{i}"] = loop.time()
+                return response
+
+            async def other_key() -> httpx.Response:
+                await asyncio.sleep(2.2)  # after the flood filled budget and queue
+                response = await client.post(
+                    "/v1/completions", headers={"Authorization": "Bearer key-b"},
+                    json={"model": MODEL, "prompt": "key b says hi", "max_tokens": 8})
+                finished_at["b"] = loop.time()
+                return response
+
+            *flooded, b = await asyncio.gather(*(flood(i) for i in range(5)), other_key())
+            return flooded, b
+
+    responses, b_response = asyncio.run(send_all())
     # two fit the budget; two wait in the queue and time out; the fifth finds it full
     assert [r.status_code for r in responses] == [200, 200, 503, 503, 429]
     for response in responses[:2]:
@@ -59,6 +79,10 @@ def test_over_budget_load_is_queued_or_refused_while_admitted_requests_finish(pd
         assert response.headers["retry-after"] == str(admission.retry_after_s)
         error = response.json()["error"]
         assert (error["code"], error["type"]) == (code, "overloaded_error")
+    # the other key was served during the flood, not after it
+    assert b_response.status_code == 200
+    assert b_response.json()["usage"]["completion_tokens"] == 8
+    assert finished_at["b"] < min(finished_at["a0"], finished_at["a1"])
     wait_until_idle(pdserve)
     # the budget was given back: the service admits again
     assert generate(pdserve, "completion", MODEL, "after the storm " * 5, stream=False,

@@ -96,3 +96,91 @@ def test_choose_path(tokens, threshold, path):
 def test_policy_validation():
     with pytest.raises(ValueError):
         AdmissionPolicy(token_budget=0, max_queue=1, max_wait_s=1)
+
+
+FAIR = AdmissionPolicy(token_budget=100, max_queue=10, max_wait_s=5, max_queue_per_key=3)
+
+
+def test_a_flooding_key_fills_only_its_own_queue_and_keys_take_turns():
+    gate = AdmissionController(FAIR)
+    assert gate.request(0, 100, now=0, key="flood").action == "admit"   # budget full
+    for ticket in (1, 2, 3):
+        assert gate.request(ticket, 50, now=0, key="flood").action == "queue"
+    refused = gate.request(4, 50, now=0, key="flood")
+    assert (refused.action, refused.status) == ("reject", 429)          # its share is used
+    assert gate.request(5, 50, now=0, key="quiet").action == "queue"    # others still queue
+    assert gate.request(6, 50, now=0, key="quiet").action == "queue"
+    # budget frees: two fit; the keys take turns instead of the flood going first twice
+    assert gate.release(0) == [1, 5]
+    assert gate.release(1) == [2]
+    assert gate.release(5) == [6]
+
+
+def test_other_keys_pass_a_large_head_that_keeps_its_place():
+    gate = AdmissionController(FAIR)
+    gate.request(0, 60, now=0, key="a")
+    assert gate.request(1, 90, now=0, key="big").action == "queue"    # 60 + 90 > 100
+    assert gate.request(2, 20, now=0, key="small").action == "admit"  # fits: not held back
+    assert gate.request(3, 30, now=0, key="small").action == "queue"  # 110 > 100
+    assert gate.release(2) == [3]   # big still does not fit beside 60; small's 30 does
+    assert gate.release(0) == []    # 30 + 90 > 100: big keeps waiting, first in line
+    assert gate.release(3) == [1]   # and goes as soon as it fits
+
+
+keyed_events = st.lists(
+    st.tuples(st.sampled_from(["request", "release", "give_up"]), st.integers(1, 150),
+              st.sampled_from("abc")),
+    max_size=200,
+)
+
+
+@settings(max_examples=300)
+@given(keyed_events)
+def test_fair_queues_keep_every_bound_and_fifo_within_a_key(steps):
+    gate = AdmissionController(FAIR)
+    running, waiting = set(), {}           # waiting: ticket -> key
+    order: dict[str, list[int]] = {}       # per key: tickets in request order
+    admitted: dict[str, list[int]] = {}
+    for ticket, (action, value, key) in enumerate(steps):
+        if action == "request":
+            decision = gate.request(ticket, value, now=0, key=key)
+            if decision.action == "admit":
+                running.add(ticket)
+                admitted.setdefault(key, []).append(ticket)
+            elif decision.action == "queue":
+                waiting[ticket] = key
+            if decision.action != "reject":
+                order.setdefault(key, []).append(ticket)
+            unblocked = []
+        elif action == "release" and running:
+            done = sorted(running)[value % len(running)]
+            unblocked = gate.release(done)
+            running.discard(done)
+        elif action == "give_up" and waiting:
+            leaving = sorted(waiting)[value % len(waiting)]
+            unblocked = gate.give_up(leaving) or []
+            order[waiting.pop(leaving)].remove(leaving)
+        else:
+            unblocked = []
+        for t in unblocked:
+            running.add(t)
+            admitted.setdefault(waiting[t], []).append(t)
+            del waiting[t]
+        assert running == set(gate._running)
+        assert gate.queue_length == len(waiting) <= FAIR.max_queue
+        for k in "abc":
+            assert sum(1 for w in waiting.values() if w == k) <= FAIR.key_queue_limit
+        assert gate.in_flight_tokens <= FAIR.token_budget or len(gate._running) == 1
+    for key, tickets in admitted.items():
+        assert tickets == [t for t in order[key] if t in set(tickets)], "FIFO within a key"
+
+
+def test_client_key_hashes_api_keys_and_falls_back_to_user():
+    from router.admission import client_key
+
+    key = client_key("Bearer sk-secret-123", "alice")
+    assert key.startswith("key:") and "secret" not in key
+    assert key == client_key("bearer sk-secret-123", None)
+    assert client_key("Bearer other", None) != key
+    assert client_key(None, "alice") == "user:alice"
+    assert client_key("Basic abc", None) == client_key(None, None) == "anonymous"
