@@ -1,0 +1,230 @@
+"""The canary gate (pure): promote a canary step by step, hold, or roll it back.
+
+A canary takes a growing share of a served model's traffic (``CanaryPolicy.steps``, by
+default 5 -> 25 -> 50 -> 100 percent). After each change the gate waits one full window, so
+that the statistics it judges were all gathered at the current share, then compares the
+canary with the baseline over that window:
+
+* rollback (to 0) when the canary is clearly worse: its error rate exceeds the baseline's by
+  more than ``max_error_rate_delta`` (absolute), or its p95 time to first token or p95
+  inter-token latency exceeds the baseline's by more than the allowed ratio. A regression
+  rolls back at once, without waiting out the window: the window protects promotions, not
+  users from a bad canary.
+* hold while either side has fewer than ``min_requests`` requests in the window (too few to
+  judge), while less than ``window_s`` has passed since the last change, or when the
+  evaluation command vetoed the promotion (or rollback, with ``rollback_on_veto``).
+* promote to the next step otherwise. Reaching 100 makes the canary the new baseline.
+
+``decide`` reads no clock: ``now`` and ``last_change_at`` come in, so a recorded sequence of
+inputs replays to the same decisions. ``OutcomeWindow`` turns per-request outcomes into the
+``WindowStats`` that ``decide`` compares, with the time passed in as well.
+
+The veto is an input too. The shell asks ``decide`` first with ``veto=None``; only when that
+promotes does it run the evaluation command (``router/canary_eval.py``) and ask again with
+its verdict, so the command runs once per promotion rather than on every tick.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Literal, NamedTuple
+
+Action = Literal["promote", "hold", "rollback"]
+_SLACK = 1e-9  # thresholds are inclusive: a value equal to one up to float rounding passes
+
+
+@dataclass(frozen=True)
+class CanaryPolicy:
+    steps: tuple[int, ...] = (5, 25, 50, 100)  # canary percentages, in order, ending at 100
+    window_s: float = 300.0             # judge over this long, and wait this long per step
+    min_requests: int = 50              # per side, in the window, before judging at all
+    max_error_rate_delta: float = 0.01  # absolute: 0.01 = one percentage point worse
+    max_ttft_p95_ratio: float = 1.2     # canary p95 TTFT / baseline p95 TTFT
+    max_itl_p95_ratio: float = 1.2      # canary p95 inter-token latency / baseline's
+    rollback_on_veto: bool = False      # an evaluation veto rolls back instead of holding
+    max_samples_per_version: int = 10_000  # memory bound of an OutcomeWindow
+
+    def __post_init__(self) -> None:
+        steps = self.steps
+        if not steps or steps[-1] != 100 or steps[0] < 1 \
+                or any(a >= b for a, b in pairwise(steps)):
+            raise ValueError(f"steps must rise strictly within 1..100 and end at 100: {steps}")
+        if self.window_s <= 0 or self.min_requests < 1 or self.max_samples_per_version < 1:
+            raise ValueError("window_s > 0, min_requests >= 1, max_samples_per_version >= 1")
+        if self.max_error_rate_delta < 0:
+            raise ValueError("max_error_rate_delta must be >= 0")
+        if self.max_ttft_p95_ratio < 1 or self.max_itl_p95_ratio < 1:
+            raise ValueError("latency ratios must be >= 1 (a canary equal to the baseline "
+                             "would otherwise roll back)")
+
+    def next_step(self, percent: int) -> int:
+        """The step after ``percent`` (which must be 0 or one of the steps, not 100)."""
+        return next(step for step in self.steps if step > percent)
+
+
+@dataclass(frozen=True)
+class WindowStats:
+    """One version's outcomes over the window."""
+
+    requests: int
+    errors: int
+    ttft_p95_s: float | None  # None: no request in the window reported a first token
+    itl_p95_s: float | None
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    action: Action
+    from_percent: int
+    to_percent: int
+    reason: str
+
+    @property
+    def completes_rollout(self) -> bool:
+        """True when the canary has just become the new baseline."""
+        return self.action == "promote" and self.to_percent == 100
+
+
+class Outcome(NamedTuple):
+    t: float
+    ok: bool
+    ttft_s: float | None
+    itl_s: float | None
+
+
+class OutcomeWindow:
+    """Per-version request outcomes over the last ``window_s`` seconds, time passed in.
+
+    ``itl_s`` is one number per request (its mean inter-token latency), so the p95 is over
+    requests. Percentiles are exact over the samples kept; at most
+    ``max_samples_per_version`` samples are kept per version (the newest), which bounds
+    memory and, at high traffic, makes the statistics those of the newest samples.
+    """
+
+    def __init__(self, window_s: float, max_samples_per_version: int = 10_000):
+        if window_s <= 0 or max_samples_per_version < 1:
+            raise ValueError("window_s > 0 and max_samples_per_version >= 1 required")
+        self.window_s = window_s
+        self._cap = max_samples_per_version
+        self._samples: dict[str, deque[Outcome]] = {}
+
+    @classmethod
+    def for_policy(cls, policy: CanaryPolicy) -> OutcomeWindow:
+        return cls(policy.window_s, policy.max_samples_per_version)
+
+    def record(self, t: float, version: str, ok: bool, ttft_s: float | None = None,
+               itl_s: float | None = None) -> None:
+        """One finished request of ``version`` at time ``t``."""
+        samples = self._samples.setdefault(version, deque(maxlen=self._cap))
+        samples.append(Outcome(t, ok, ttft_s, itl_s))
+
+    def stats(self, version: str, now: float) -> WindowStats:
+        """``version``'s outcomes with ``now - window_s < t <= now``."""
+        start = now - self.window_s
+        samples = self._samples.get(version, deque())
+        while samples and samples[0].t <= start:  # recorded in time order: drop the expired
+            samples.popleft()
+        # a sample recorded out of time order may sit behind a newer one: filter every time
+        kept = [s for s in samples if start < s.t <= now]
+        return WindowStats(
+            requests=len(kept),
+            errors=sum(1 for s in kept if not s.ok),
+            ttft_p95_s=p95([s.ttft_s for s in kept if s.ttft_s is not None]),
+            itl_p95_s=p95([s.itl_s for s in kept if s.itl_s is not None]),
+        )
+
+    def forget(self, version: str) -> None:
+        """Drop a version's samples (it was rolled back, or it is no longer served)."""
+        self._samples.pop(version, None)
+
+
+def p95(values: list[float]) -> float | None:
+    """The exact 95th percentile (nearest rank) of ``values``; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[math.ceil(0.95 * len(ordered)) - 1]
+
+
+def decide(policy: CanaryPolicy, current_percent: int, baseline: WindowStats,
+           canary: WindowStats, veto: bool | None, now: float, last_change_at: float,
+           *, veto_reason: str = "") -> GateDecision:
+    """Promote, hold or roll back the canary now at ``current_percent``.
+
+    ``veto``: the evaluation command's verdict on promoting (True: it said no; None: not
+    run). ``last_change_at``: when the canary's percent last changed (or the rollout began).
+    ``current_percent`` must be 0, 100 or one of the steps; at 0 (not running or rolled
+    back) and at 100 (done) the gate only holds: restarting a rollout is an operator's act.
+    """
+    if current_percent not in policy.steps and current_percent != 0:
+        raise ValueError(f"current_percent {current_percent} is neither 0 nor in {policy.steps}")
+    if current_percent == 0:
+        return _hold(current_percent, "no canary traffic (0%): nothing to judge")
+    if current_percent == 100:
+        return _hold(current_percent, "rollout complete: the canary is the baseline")
+    too_few = _too_few(policy, baseline, canary)
+    if too_few:
+        return _hold(current_percent, too_few)
+    checks = _checks(policy, baseline, canary)
+    failed = [text for text, ok in checks if not ok]
+    if failed:
+        return GateDecision("rollback", current_percent, 0,
+                            f"canary worse than baseline: {'; '.join(failed)}; "
+                            f"roll back {current_percent}% -> 0%")
+    waited = now - last_change_at
+    if waited < policy.window_s:
+        return _hold(current_percent, f"{waited:.0f}s of {policy.window_s:.0f}s since the "
+                                      f"change to {current_percent}%: wait a full window")
+    if veto:
+        said = f": {veto_reason}" if veto_reason else ""
+        if policy.rollback_on_veto:
+            return GateDecision("rollback", current_percent, 0,
+                                f"evaluation vetoed{said}; roll back {current_percent}% -> 0%")
+        return _hold(current_percent, f"evaluation vetoed promotion{said}")
+    return _promote(policy, current_percent, checks)
+
+
+def _hold(percent: int, reason: str) -> GateDecision:
+    return GateDecision("hold", percent, percent, f"hold at {percent}%: {reason}")
+
+
+def _promote(policy: CanaryPolicy, percent: int, checks: list[tuple[str, bool]]) -> GateDecision:
+    to = policy.next_step(percent)
+    healthy = "; ".join(text for text, _ in checks)
+    reason = f"canary healthy over {policy.window_s:.0f}s ({healthy}); promote {percent}% -> {to}%"
+    if to == 100:
+        reason += ": the canary becomes the new baseline"
+    return GateDecision("promote", percent, to, reason)
+
+
+def _too_few(policy: CanaryPolicy, baseline: WindowStats, canary: WindowStats) -> str:
+    """Why there are too few requests to judge, or "" when there are enough."""
+    short = [f"{side} has {stats.requests}/{policy.min_requests} requests in the window"
+             for side, stats in (("canary", canary), ("baseline", baseline))
+             if stats.requests < policy.min_requests]
+    return ", ".join(short)
+
+
+def _checks(policy: CanaryPolicy, baseline: WindowStats,
+            canary: WindowStats) -> list[tuple[str, bool]]:
+    """Each comparison as (text with the numbers, within its threshold)."""
+    delta = canary.error_rate - baseline.error_rate
+    checks = [(f"error rate {canary.error_rate:.2%} vs {baseline.error_rate:.2%} "
+               f"(delta {delta * 100:+.2f} pp, limit {policy.max_error_rate_delta * 100:.2f} pp)",
+               delta <= policy.max_error_rate_delta + _SLACK)]
+    for name, c, b, limit in (
+            ("TTFT", canary.ttft_p95_s, baseline.ttft_p95_s, policy.max_ttft_p95_ratio),
+            ("ITL", canary.itl_p95_s, baseline.itl_p95_s, policy.max_itl_p95_ratio)):
+        if c is None or b is None:
+            continue  # nothing to compare (e.g. every request failed: the error check sees it)
+        ratio = c / b if b > 0 else (math.inf if c > 0 else 1.0)
+        checks.append((f"p95 {name} {c:.3f}s vs {b:.3f}s ({ratio:.2f}x, limit {limit:g}x)",
+                       ratio <= limit + _SLACK))
+    return checks
