@@ -1,0 +1,362 @@
+"""Which engine replica gets a request (pure): prefix affinity for prefill, least load for decode.
+
+Prefill. A prompt whose leading blocks a prefill engine already holds in its prefix cache
+costs that engine only the rest of the prompt. The router therefore remembers, per chain of
+leading token blocks, which replica prefilled it last (``PrefixIndex``), and sends a request
+where ``queued prefill tokens + tokens it would still have to compute`` is smallest. The
+affinity bonus is exactly the prefill it saves, never more, so a hot prefix stays on one
+replica only while that replica's queue is shorter than the others' by less than the saved
+work; beyond ``max_imbalance_tokens`` of extra queue the bonus is dropped altogether.
+
+Decode. Least loaded by reported KV-cache use and running/waiting sequences, relative to the
+engine's ``max_num_seqs``; a replica whose KV cache is above a high-water mark goes last
+(another stream there would push it into preemption).
+
+Both. Replicas report their load periodically (Serve's routing stats, ~1 s), so a burst
+routed between two reports would all see the same numbers and pile onto one replica. The
+router keeps a ``PendingTally`` of what it sent that the replica has not reported yet: an
+entry goes when the request completes or when a report timed after it arrives.
+
+Missing and stale stats. A replica that has not reported yet (just started) counts as empty:
+it is, and this router's own pending tally keeps it from being flooded until its first
+report. A replica whose last report is older than ``stale_after_s`` (it stopped answering
+the stats call: hung or overloaded) is ranked after every replica with a current report.
+
+Nothing here reads a clock or a global random source: ``now`` and an optional
+``random.Random`` (for tie-breaks) are passed in, so a decision replays exactly in a test.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+ReplicaId = str
+BlockHash = int
+
+
+# ---------------------------------------------------------------------------------------
+# Prefix hashing and the prefix → replica index
+
+
+def prefix_block_hashes(
+    token_ids: Sequence[int], block_size: int, max_blocks: int = 64
+) -> tuple[BlockHash, ...]:
+    """Hash chain over the prompt's leading full blocks: ``h_i = H(h_{i-1}, block_i)``.
+
+    ``h_i`` identifies the whole prefix up to block ``i``, so two prompts share ``h_i``
+    exactly when (up to hash collisions) they share their first ``i + 1`` blocks. Only
+    full blocks count, as an engine's prefix cache only reuses full blocks; at most
+    ``max_blocks`` are hashed, bounding the work per request.
+
+    ``hash`` of a tuple of ints is not salted by PYTHONHASHSEED, so the chain is the same in
+    every process of one Python version; it is ~7x cheaper than a cryptographic hash, and a
+    collision costs only a misplaced cache hint.
+    """
+    if block_size < 1 or max_blocks < 0:
+        raise ValueError("block_size >= 1 and max_blocks >= 0 required")
+    num_blocks = min(len(token_ids) // block_size, max_blocks)
+    hashes: list[BlockHash] = []
+    previous = 0
+    for start in range(0, num_blocks * block_size, block_size):
+        previous = hash((previous, *token_ids[start:start + block_size]))
+        hashes.append(previous)
+    return tuple(hashes)
+
+
+class PrefixIndex:
+    """Bounded LRU map: block-chain hash → the replica that last prefilled that prefix.
+
+    It is the router's belief about the engines' prefix caches, not their truth: engines
+    evict on their own. Size ``capacity`` (in blocks) around the pool's total prefix-cache
+    blocks; a larger index only remembers prefixes the engines have already dropped.
+    """
+
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise ValueError("capacity must be >= 1")
+        self.capacity = capacity
+        self._owner: OrderedDict[BlockHash, ReplicaId] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._owner)
+
+    def match(self, hashes: Sequence[BlockHash]) -> dict[ReplicaId, int]:
+        """Per replica, how many leading blocks of this chain it is believed to hold.
+
+        A replica recorded for ``h_i`` prefilled the whole prefix up to block ``i``, so its
+        match is the deepest such ``i`` (+1), even if shallower entries were taken over by
+        another replica or evicted. Reading does not refresh recency: only routing does.
+        """
+        matched: dict[ReplicaId, int] = {}
+        for depth, block_hash in enumerate(hashes, start=1):
+            owner = self._owner.get(block_hash)
+            if owner is not None:
+                matched[owner] = depth
+        return matched
+
+    def record(self, hashes: Sequence[BlockHash], replica_id: ReplicaId) -> None:
+        """``replica_id`` has (been sent to) prefill this chain: it now owns every block."""
+        for block_hash in hashes:
+            self._owner[block_hash] = replica_id
+            self._owner.move_to_end(block_hash)
+        while len(self._owner) > self.capacity:
+            self._owner.popitem(last=False)
+
+    def forget(self, replica_id: ReplicaId) -> None:
+        """Drop a replica that left the pool (its cache went with it)."""
+        for block_hash in [h for h, owner in self._owner.items() if owner == replica_id]:
+            del self._owner[block_hash]
+
+
+# ---------------------------------------------------------------------------------------
+# What this router sent that the replicas have not reported yet
+
+
+@dataclass(frozen=True)
+class _Pending:
+    replica_id: ReplicaId
+    tokens: int
+    since: float
+
+
+class PendingTally:
+    """Requests this router sent per replica that the replica's stats may not include yet.
+
+    An entry (keyed by request) leaves when its request completes, when the replica's
+    report is timed after the entry (``since``; the report then counts the request itself),
+    or after ``max_age_s`` whatever happens (a guard against entries of requests that
+    were cancelled before they reached the replica, on a replica that never reports).
+    Adding a key again moves it: a request re-routed after a rejection counts once.
+    """
+
+    def __init__(self, max_age_s: float = 60.0):
+        if max_age_s <= 0:
+            raise ValueError("max_age_s must be > 0")
+        self.max_age_s = max_age_s
+        self._entries: dict[str, _Pending] = {}
+        self._by_replica: dict[ReplicaId, set[str]] = {}
+
+    def add(self, key: str, replica_id: ReplicaId, tokens: int, now: float) -> None:
+        self.discard(key)
+        self._entries[key] = _Pending(replica_id, tokens, now)
+        self._by_replica.setdefault(replica_id, set()).add(key)
+
+    def discard(self, key: str, replica_id: ReplicaId | None = None) -> None:
+        """Remove ``key`` (only if it is on ``replica_id``, when given: a completion from a
+        replica that rejected the request must not drop its entry on the next replica)."""
+        entry = self._entries.get(key)
+        if entry is None or (replica_id is not None and entry.replica_id != replica_id):
+            return
+        del self._entries[key]
+        keys = self._by_replica[entry.replica_id]
+        keys.discard(key)
+        if not keys:
+            del self._by_replica[entry.replica_id]
+
+    def observe_report(self, replica_id: ReplicaId, reported_at: float | None) -> None:
+        """The replica's stats were taken at ``reported_at``: they include what it received
+        before, so entries sent before then no longer need counting."""
+        if reported_at is None:
+            return
+        for key in [k for k in self._by_replica.get(replica_id, ())
+                    if self._entries[k].since < reported_at]:
+            self.discard(key)
+
+    def expire(self, now: float) -> None:
+        for key in [k for k, e in self._entries.items() if now - e.since > self.max_age_s]:
+            self.discard(key)
+
+    def forget_replica(self, replica_id: ReplicaId) -> None:
+        for key in list(self._by_replica.get(replica_id, ())):
+            self.discard(key)
+
+    def tokens(self, replica_id: ReplicaId) -> int:
+        return sum(self._entries[k].tokens for k in self._by_replica.get(replica_id, ()))
+
+    def requests(self, replica_id: ReplicaId) -> int:
+        return len(self._by_replica.get(replica_id, ()))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+# ---------------------------------------------------------------------------------------
+# Replica load: a report plus the local tally
+
+
+@dataclass(frozen=True)
+class ReplicaLoad:
+    """One replica's load as the router sees it: its last report plus its pending sends."""
+
+    replica_id: ReplicaId
+    queued_prefill_tokens: int = 0
+    running_seqs: int = 0
+    waiting_seqs: int = 0
+    kv_usage: float = 0.0
+    max_num_seqs: int | None = None
+    stale: bool = False
+    pending_tokens: int = 0
+    pending_requests: int = 0
+
+    @property
+    def prefill_queue(self) -> int:
+        return self.queued_prefill_tokens + self.pending_tokens
+
+    @property
+    def sequences(self) -> int:
+        return self.running_seqs + self.waiting_seqs + self.pending_requests
+
+
+def load_from_stats(
+    replica_id: ReplicaId,
+    stats: Mapping[str, object] | None,
+    *,
+    now: float,
+    stale_after_s: float,
+    pending_tokens: int = 0,
+    pending_requests: int = 0,
+) -> ReplicaLoad:
+    """Read a replica's routing-stats dict (``cluster.routing_stats``) defensively.
+
+    Missing keys read as zero (a replica that has not reported yet is empty); a value of
+    the wrong type reads as missing. Stale: the report carries ``reported_at`` and it is
+    older than ``stale_after_s``.
+    """
+    stats = stats or {}
+    reported_at = _number(stats.get("reported_at"))
+    max_num_seqs = _number(stats.get("max_num_seqs"))
+    return ReplicaLoad(
+        replica_id=replica_id,
+        queued_prefill_tokens=max(0, int(_number(stats.get("queued_prefill_tokens")) or 0)),
+        running_seqs=max(0, int(_number(stats.get("running_seqs")) or 0)),
+        waiting_seqs=max(0, int(_number(stats.get("waiting_seqs")) or 0)),
+        kv_usage=min(1.0, max(0.0, float(_number(stats.get("kv_usage")) or 0.0))),
+        max_num_seqs=int(max_num_seqs) if max_num_seqs and max_num_seqs >= 1 else None,
+        stale=reported_at is not None and now - reported_at > stale_after_s,
+        pending_tokens=pending_tokens,
+        pending_requests=pending_requests,
+    )
+
+
+def reported_at_of(stats: Mapping[str, object] | None) -> float | None:
+    return _number((stats or {}).get("reported_at"))
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _tie_breaks(loads: Sequence[ReplicaLoad], rng: random.Random | None) -> dict[str, object]:
+    """Equal scores are broken by replica id, or at random when ``rng`` is given (several
+    router replicas would otherwise all send their first request to the same replica)."""
+    if rng is None:
+        return {load.replica_id: load.replica_id for load in loads}
+    return {load.replica_id: rng.random() for load in loads}
+
+
+# ---------------------------------------------------------------------------------------
+# Prefill: prefix affinity weighed against queued prefill work
+
+
+@dataclass(frozen=True)
+class PrefillPolicy:
+    block_size: int = 16              # the engines' KV block size (tokens)
+    max_blocks: int = 64              # leading blocks hashed per prompt
+    max_imbalance_tokens: int = 4096  # most extra queue an affinity replica may have
+    index_capacity: int = 100_000     # blocks remembered by the PrefixIndex
+    stale_after_s: float = 5.0        # a report older than this ranks its replica last
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.max_blocks < 0 or self.index_capacity < 1:
+            raise ValueError("block_size >= 1, max_blocks >= 0, index_capacity >= 1 required")
+        if self.max_imbalance_tokens < 0 or self.stale_after_s <= 0:
+            raise ValueError("max_imbalance_tokens >= 0 and stale_after_s > 0 required")
+
+
+@dataclass(frozen=True)
+class PrefillChoice:
+    ranking: tuple[ReplicaId, ...]  # every candidate, best first
+    cached_tokens: int              # prompt tokens the first choice is believed to hold
+
+
+def rank_prefill(
+    prompt_tokens: int,
+    matched_blocks: Mapping[ReplicaId, int],
+    loads: Sequence[ReplicaLoad],
+    policy: PrefillPolicy,
+    rng: random.Random | None = None,
+) -> PrefillChoice:
+    """Rank replicas by estimated prefill cost: queued tokens + tokens still to compute.
+
+    A replica holding ``m`` blocks of the prompt saves ``m * block_size`` tokens (the engine
+    recomputes at least the last prompt token). That saving is dropped for a replica whose
+    queue exceeds the shortest current queue by more than ``max_imbalance_tokens``, so the
+    first choice's queue never exceeds the shortest by more than
+    ``min(max_imbalance_tokens, its saving)``. Ties prefer the larger saving, then the
+    shorter queue. Replicas with stale stats come last.
+    """
+    if not loads:
+        return PrefillChoice((), 0)
+    current = [load for load in loads if not load.stale] or list(loads)
+    shortest = min(load.prefill_queue for load in current)
+    tie = _tie_breaks(loads, rng)
+
+    def saving(load: ReplicaLoad) -> int:
+        if load.prefill_queue - shortest > policy.max_imbalance_tokens:
+            return 0
+        cached = matched_blocks.get(load.replica_id, 0) * policy.block_size
+        return max(0, min(cached, prompt_tokens - 1))
+
+    def key(load: ReplicaLoad):
+        saved = saving(load)
+        cost = load.prefill_queue + prompt_tokens - saved
+        return (load.stale, cost, -saved, load.prefill_queue, tie[load.replica_id])
+
+    ranked = sorted(loads, key=key)
+    return PrefillChoice(tuple(load.replica_id for load in ranked), saving(ranked[0]))
+
+
+# ---------------------------------------------------------------------------------------
+# Decode: least loaded by KV use and sequences
+
+
+@dataclass(frozen=True)
+class DecodePolicy:
+    kv_weight: float = 1.0            # a full KV cache weighs as much as max_num_seqs streams
+    kv_high_water: float = 0.95       # above this, a replica is ranked after the others
+    default_max_num_seqs: int = 256   # when a replica does not report its own
+    stale_after_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.kv_weight < 0 or not 0 < self.kv_high_water <= 1:
+            raise ValueError("kv_weight >= 0 and 0 < kv_high_water <= 1 required")
+        if self.default_max_num_seqs < 1 or self.stale_after_s <= 0:
+            raise ValueError("default_max_num_seqs >= 1 and stale_after_s > 0 required")
+
+
+def decode_score(load: ReplicaLoad, policy: DecodePolicy) -> float:
+    """Load in [0, ~1 + kv_weight]: share of sequence slots in use plus weighted KV use.
+
+    Sequences count running, waiting (the engine has no room for them yet) and this
+    router's unreported sends.
+    """
+    max_num_seqs = load.max_num_seqs or policy.default_max_num_seqs
+    return load.sequences / max_num_seqs + policy.kv_weight * load.kv_usage
+
+
+def rank_decode(
+    loads: Sequence[ReplicaLoad], policy: DecodePolicy, rng: random.Random | None = None
+) -> tuple[ReplicaId, ...]:
+    """Every candidate, least loaded first; above the KV high-water mark next; stale last."""
+    tie = _tie_breaks(loads, rng)
+
+    def key(load: ReplicaLoad):
+        full = load.kv_usage >= policy.kv_high_water
+        return (load.stale, full, decode_score(load, policy), tie[load.replica_id])
+
+    return tuple(load.replica_id for load in sorted(loads, key=key))

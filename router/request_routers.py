@@ -1,0 +1,304 @@
+"""Ray Serve request routers of the two engine pools (shell around ``replica_choice``).
+
+Serve builds one router per deployment handle (in each process that calls the pool) and
+asks it ``choose_replicas(candidate_replicas, pending_request)`` for every request; the
+answer is a list of ranks, each a list of replicas. Serve sends the request to the replica
+of the first rank that accepts it (within a rank it would pick the shortest queue, so every
+rank here holds one replica: the ranking is strict) and calls ``choose_replicas`` again,
+after a backoff, when all of them are full.
+
+Two hooks keep the routers' own state: ``on_request_routed`` (the replica accepted the
+request: record its prefix there, count it as pending) and ``on_request_completed``
+(drop it from the pending tally). Serve runs all of these on the router's event loop, so
+the state needs no lock.
+
+No FIFO or locality mixin: ``FIFOMixin`` would hand the replica chosen for this request's
+prompt to whichever request waited longest (a different prompt), and locality would
+override prefix affinity. Without them Serve gives the chosen replica to exactly the
+request it was chosen for.
+
+Serve passes ``RequestRouterConfig.request_router_kwargs`` to ``initialize_state``; that
+is how the engines' block size reaches the prefill router (``request_router_config``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ray.serve.config import RequestRouterConfig
+from ray.serve.request_router import (
+    PendingRequest,
+    ReplicaID,
+    RequestRouter,
+    RunningReplica,
+)
+
+from cluster.messages import EngineRequest
+from router.replica_choice import (
+    DecodePolicy,
+    PendingTally,
+    PrefillPolicy,
+    PrefixIndex,
+    ReplicaLoad,
+    load_from_stats,
+    prefix_block_hashes,
+    rank_decode,
+    rank_prefill,
+    reported_at_of,
+)
+
+logger = logging.getLogger(__name__)
+
+# How often replicas report (Serve calls record_routing_stats); the pending tally bridges
+# the gap between reports, so shorter only costs more controller broadcasts.
+ROUTING_STATS_PERIOD_S = 1.0
+# A stats call slower than this is abandoned and retried by the controller.
+ROUTING_STATS_TIMEOUT_S = 5.0
+# request_router_kwargs key carrying a digest of this module's source (see
+# request_router_config); not a policy field.
+CODE_DIGEST_KEY = "router_code"
+
+
+# ---------------------------------------------------------------------------------------
+# Mapping between Serve's objects and the pure policy (no Ray needed: unit-tested)
+
+
+def engine_request_of(pending_request: PendingRequest | None) -> EngineRequest | None:
+    """The ``EngineRequest`` of a pool call (its first argument), or None for other calls
+    (``stats``) that carry no prompt."""
+    if pending_request is None:
+        return None
+    args = pending_request.args or ()
+    first = args[0] if args else pending_request.kwargs.get("request")
+    return first if isinstance(first, EngineRequest) else None
+
+
+def request_key(pending_request: PendingRequest) -> str:
+    """Serve's id of one handle call, the key of the pending tally (the same id reaches
+    ``on_request_completed``)."""
+    return pending_request.metadata.internal_request_id
+
+
+def replica_key(replica_id: ReplicaID) -> str:
+    return replica_id.unique_id
+
+
+def replica_loads(
+    replicas: Sequence[RunningReplica], tally: PendingTally, now: float, stale_after_s: float
+) -> list[ReplicaLoad]:
+    """Each replica's reported stats plus this router's pending sends to it.
+
+    Reading a report first clears the tally entries that report already includes.
+    """
+    loads = []
+    for replica in replicas:
+        key = replica_key(replica.replica_id)
+        stats = replica.routing_stats
+        tally.observe_report(key, reported_at_of(stats))
+        loads.append(load_from_stats(
+            key, stats, now=now, stale_after_s=stale_after_s,
+            pending_tokens=tally.tokens(key), pending_requests=tally.requests(key),
+        ))
+    return loads
+
+
+def as_ranks(
+    ranking: Sequence[str], replicas: Sequence[RunningReplica]
+) -> list[list[RunningReplica]]:
+    """One rank per replica, in ranking order: Serve tries them strictly one by one."""
+    by_key = {replica_key(r.replica_id): r for r in replicas}
+    return [[by_key[key]] for key in ranking if key in by_key]
+
+
+# ---------------------------------------------------------------------------------------
+# The routers
+
+
+class _EngineRouter(RequestRouter):
+    """What both pools' routers share: the pending tally, the clock and tie-break source."""
+
+    stale_after_s = 5.0
+
+    def __init__(
+        self,
+        *args: Any,
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+        **kwargs: Any,
+    ):
+        """Serve passes only its own keyword arguments; ``clock`` and ``rng`` are for tests.
+
+        The clock is the wall clock because replicas stamp their reports with theirs.
+        """
+        super().__init__(*args, **kwargs)
+        self._clock = clock
+        self._rng = rng if rng is not None else random.Random()
+        self._tally = PendingTally()
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        if pending_request is not None:
+            # Back off between rounds when every replica is full (the default, False,
+            # makes Serve retry in a tight loop).
+            pending_request.routing_context.should_backoff = True
+        if not candidate_replicas:
+            return []
+        now = self._clock()
+        self._tally.expire(now)
+        request = engine_request_of(pending_request)
+        if pending_request is not None and request is not None:
+            # A retry of this request must not see its own earlier tentative entry.
+            self._tally.discard(request_key(pending_request))
+        loads = replica_loads(candidate_replicas, self._tally, now, self.stale_after_s)
+        ranking = self._rank(request, loads)
+        if pending_request is not None and request is not None and ranking:
+            # Counted at once on the first choice, so that concurrent routing of a burst
+            # sees it; on_request_routed moves it if Serve falls back to another rank.
+            self._tally.add(request_key(pending_request), ranking[0],
+                            self._pending_tokens(request), now)
+        return as_ranks(ranking, candidate_replicas)
+
+    def on_request_routed(
+        self, pending_request: PendingRequest, replica_id: ReplicaID, result: object
+    ) -> None:
+        request = engine_request_of(pending_request)
+        if request is None:
+            return
+        key = replica_key(replica_id)
+        self._tally.add(request_key(pending_request), key, self._pending_tokens(request),
+                        self._clock())
+        self._on_routed(request, key)
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        self._tally.discard(internal_request_id, replica_key(replica_id))
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        self._forget(replica_key(replica_id))
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        before = {replica_key(r) for r in self._replica_id_set}
+        super().update_replicas(replicas)
+        for key in before - {replica_key(r) for r in self._replica_id_set}:
+            self._forget(key)
+
+    def _forget(self, replica: str) -> None:
+        self._tally.forget_replica(replica)
+
+    def _rank(self, request: EngineRequest | None, loads: list[ReplicaLoad]) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def _pending_tokens(self, request: EngineRequest) -> int:
+        return len(request.prompt_token_ids)
+
+    def _on_routed(self, request: EngineRequest, replica: str) -> None:
+        pass
+
+
+class PrefillRequestRouter(_EngineRouter):
+    """Prefix affinity weighed against queued prefill tokens (``rank_prefill``).
+
+    ``request_router_kwargs``: the fields of ``PrefillPolicy`` (``block_size`` must be the
+    engines' KV block size).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._configure(PrefillPolicy())
+
+    def initialize_state(self, **kwargs: Any) -> None:
+        kwargs.pop(CODE_DIGEST_KEY, None)
+        self._configure(PrefillPolicy(**kwargs))
+        logger.info("prefill router for %s: %s", self._deployment_id, self.policy)
+
+    def _configure(self, policy: PrefillPolicy) -> None:
+        self.policy = policy
+        self.stale_after_s = policy.stale_after_s
+        self._index = PrefixIndex(policy.index_capacity)
+
+    def _hashes(self, request: EngineRequest) -> tuple[int, ...]:
+        return prefix_block_hashes(request.prompt_token_ids, self.policy.block_size,
+                                   self.policy.max_blocks)
+
+    def _rank(self, request: EngineRequest | None, loads: list[ReplicaLoad]) -> tuple[str, ...]:
+        if request is None:
+            return rank_prefill(0, {}, loads, self.policy, self._rng).ranking
+        matched = self._index.match(self._hashes(request))
+        prompt_tokens = len(request.prompt_token_ids)
+        return rank_prefill(prompt_tokens, matched, loads, self.policy, self._rng).ranking
+
+    def _on_routed(self, request: EngineRequest, replica: str) -> None:
+        self._index.record(self._hashes(request), replica)
+
+    def _forget(self, replica: str) -> None:
+        super()._forget(replica)
+        self._index.forget(replica)
+
+
+class DecodeRequestRouter(_EngineRouter):
+    """Least loaded by KV use and sequences (``rank_decode``).
+
+    ``request_router_kwargs``: the fields of ``DecodePolicy``.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.policy = DecodePolicy()
+
+    def initialize_state(self, **kwargs: Any) -> None:
+        kwargs.pop(CODE_DIGEST_KEY, None)
+        self.policy = DecodePolicy(**kwargs)
+        self.stale_after_s = self.policy.stale_after_s
+        logger.info("decode router for %s: %s", self._deployment_id, self.policy)
+
+    def _rank(self, request: EngineRequest | None, loads: list[ReplicaLoad]) -> tuple[str, ...]:
+        return rank_decode(loads, self.policy, self._rng)
+
+
+# ---------------------------------------------------------------------------------------
+# Deployment option
+
+
+ROUTER_CLASSES = {
+    "prefill": f"{__name__}.PrefillRequestRouter",
+    "decode": f"{__name__}.DecodeRequestRouter",
+}
+
+
+def request_router_config(
+    pool: str, block_size: int, **policy: Any
+) -> RequestRouterConfig:
+    """The ``request_router_config`` deployment option of a pool.
+
+    ``block_size`` (the engines' KV block size) matters to the prefill router only;
+    ``policy`` overrides further fields of ``PrefillPolicy`` / ``DecodePolicy``.
+
+    Serve ships this module to the routers pickled by value, but compares router configs
+    by class path and kwargs only: a redeploy whose only change is this file would keep
+    the old copy. The digest of the file in the kwargs makes such a change a config
+    change (a reconfiguration; no replica restarts).
+    """
+    if pool not in ROUTER_CLASSES:
+        raise ValueError(f"unknown pool {pool!r}; expected one of {sorted(ROUTER_CLASSES)}")
+    kwargs = {"block_size": block_size, **policy} if pool == "prefill" else dict(policy)
+    # Validate here, at build time, rather than in every router process at first use.
+    (PrefillPolicy if pool == "prefill" else DecodePolicy)(**kwargs)
+    return RequestRouterConfig(
+        request_router_class=ROUTER_CLASSES[pool],
+        request_router_kwargs={**kwargs, CODE_DIGEST_KEY: _source_digest()},
+        request_routing_stats_period_s=ROUTING_STATS_PERIOD_S,
+        request_routing_stats_timeout_s=ROUTING_STATS_TIMEOUT_S,
+    )
+
+
+def _source_digest() -> str:
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]

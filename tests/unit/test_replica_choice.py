@@ -1,0 +1,302 @@
+"""Replica choice (pure): prefix hashing, the prefix index, the pending tally, both rankings."""
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router.replica_choice import (
+    DecodePolicy,
+    PendingTally,
+    PrefillPolicy,
+    PrefixIndex,
+    ReplicaLoad,
+    decode_score,
+    load_from_stats,
+    prefix_block_hashes,
+    rank_decode,
+    rank_prefill,
+)
+
+tokens = st.lists(st.integers(0, 50_000), max_size=300)
+block_sizes = st.integers(1, 32)
+replica_ids = st.lists(st.text("abcdefgh", min_size=1, max_size=3), min_size=1, max_size=6,
+                       unique=True)
+
+
+# -- prefix hashing ---------------------------------------------------------------------
+
+
+@given(tokens, tokens, block_sizes, st.integers(0, 80))
+def test_extending_a_prompt_keeps_its_chain_as_a_prefix(prompt, more, block_size, max_blocks):
+    short = prefix_block_hashes(prompt, block_size, max_blocks)
+    long = prefix_block_hashes(prompt + more, block_size, max_blocks)
+    assert long[:len(short)] == short
+    assert len(short) == min(len(prompt) // block_size, max_blocks)  # full blocks only
+
+
+@given(tokens, block_sizes, st.integers(0, 49_999))
+def test_chains_part_from_the_first_differing_block(prompt, block_size, token):
+    if len(prompt) < 2 * block_size:
+        prompt = prompt + [0] * (2 * block_size - len(prompt))
+    changed = [*prompt]
+    changed[block_size] = token if token != prompt[block_size] else token + 1  # block 1
+    a, b = (prefix_block_hashes(p, block_size) for p in (prompt, changed))
+    assert a[0] == b[0]
+    assert a[1] != b[1]
+
+
+@given(tokens, block_sizes)
+def test_a_block_hash_covers_everything_before_it(prompt, block_size):
+    """Equal blocks after a different first block hash apart: h_i names the whole prefix."""
+    if len(prompt) < 2 * block_size:
+        prompt = prompt + [0] * (2 * block_size - len(prompt))
+    changed = [prompt[0] + 1, *prompt[1:]]
+    a, b = (prefix_block_hashes(p, block_size) for p in (prompt, changed))
+    assert all(x != y for x, y in zip(a, b, strict=True))
+
+
+def test_hashing_rejects_nonsense_sizes():
+    with pytest.raises(ValueError):
+        prefix_block_hashes([1, 2, 3], 0)
+
+
+# -- prefix index -----------------------------------------------------------------------
+
+
+@settings(max_examples=200)
+@given(st.lists(st.tuples(tokens, st.sampled_from("abc")), max_size=40), st.integers(1, 50))
+def test_index_stays_bounded_and_keeps_the_latest_chain(routed, capacity):
+    index = PrefixIndex(capacity)
+    for prompt, replica in routed:
+        hashes = prefix_block_hashes(prompt, 4)
+        index.record(hashes, replica)
+        assert len(index) <= capacity
+        if 0 < len(hashes) <= capacity:
+            assert index.match(hashes)[replica] == len(hashes)
+
+
+def test_index_matches_the_deepest_block_each_replica_prefilled():
+    index = PrefixIndex(100)
+    prompt = list(range(64))
+    chain = prefix_block_hashes(prompt, 16)             # 4 blocks
+    index.record(chain, "a")
+    index.record(chain[:2], "b")                        # b took over blocks 0-1 later
+    assert index.match(chain) == {"a": 4, "b": 2}       # a still holds all four
+    index.forget("a")
+    assert index.match(chain) == {"b": 2}
+
+
+def test_index_evicts_least_recently_routed_first():
+    index = PrefixIndex(4)
+    old, new = prefix_block_hashes(range(32), 8), prefix_block_hashes(range(100, 116), 8)
+    index.record(old, "a")
+    index.record(new, "b")                              # 4 + 2 > 4: old's oldest go
+    assert index.match(new) == {"b": 2}
+    assert index.match(old) == {"a": 4}                 # its deepest blocks remain
+
+
+# -- pending tally ----------------------------------------------------------------------
+
+
+def test_tally_counts_until_completion_or_a_later_report():
+    tally = PendingTally(max_age_s=30)
+    tally.add("r1", "a", 100, now=10)
+    tally.add("r2", "a", 50, now=12)
+    assert (tally.tokens("a"), tally.requests("a")) == (150, 2)
+    tally.observe_report("a", reported_at=11)           # includes r1, not r2
+    assert (tally.tokens("a"), tally.requests("a")) == (50, 1)
+    tally.discard("r2", "a")
+    assert len(tally) == 0 and tally.tokens("a") == 0
+
+
+def test_tally_moves_a_rerouted_request_and_ignores_the_old_replicas_completion():
+    tally = PendingTally()
+    tally.add("r1", "a", 100, now=0)
+    tally.add("r1", "b", 100, now=1)                    # a rejected it; Serve fell back to b
+    tally.discard("r1", "a")                            # completion of the rejected attempt
+    assert (tally.tokens("a"), tally.tokens("b")) == (0, 100)
+    tally.discard("r1", "b")
+    assert len(tally) == 0
+
+
+def test_tally_expires_entries_nobody_completed():
+    tally = PendingTally(max_age_s=5)
+    tally.add("r1", "a", 10, now=0)
+    tally.expire(now=4)
+    assert tally.requests("a") == 1
+    tally.expire(now=6)
+    assert tally.requests("a") == 0
+
+
+# -- reading stats ----------------------------------------------------------------------
+
+
+def test_missing_stats_read_as_an_empty_current_replica():
+    load = load_from_stats("a", {}, now=100, stale_after_s=5, pending_tokens=7)
+    assert load == ReplicaLoad("a", pending_tokens=7)
+    assert load_from_stats("a", None, now=100, stale_after_s=5).stale is False
+
+
+def test_old_reports_are_stale_and_garbage_reads_as_missing():
+    stats = {"queued_prefill_tokens": "lots", "running_seqs": 3, "kv_usage": 1.7,
+             "max_num_seqs": 0, "reported_at": 90.0}
+    load = load_from_stats("a", stats, now=100, stale_after_s=5)
+    assert (load.queued_prefill_tokens, load.running_seqs, load.kv_usage) == (0, 3, 1.0)
+    assert load.max_num_seqs is None and load.stale
+    assert not load_from_stats("a", stats, now=94, stale_after_s=5).stale
+
+
+# -- prefill ranking --------------------------------------------------------------------
+
+POLICY = PrefillPolicy(block_size=16, max_imbalance_tokens=1000)
+
+
+def _loads(queues: dict[str, int], stale: frozenset = frozenset()) -> list[ReplicaLoad]:
+    return [ReplicaLoad(r, queued_prefill_tokens=q, stale=r in stale) for r, q in queues.items()]
+
+
+@given(replica_ids, st.data(), st.integers(0, 5000), st.integers(1, 64), st.integers(0, 15))
+def test_equal_loads_go_to_the_replica_holding_the_prefix(ids, data, queue, blocks, extra):
+    holder = data.draw(st.sampled_from(ids))
+    prompt = list(range(blocks * 16 + extra))
+    index = PrefixIndex(1000)
+    index.record(prefix_block_hashes(prompt, 16), holder)
+    choice = rank_prefill(len(prompt), index.match(prefix_block_hashes(prompt, 16)),
+                          _loads(dict.fromkeys(ids, queue)), POLICY, random.Random(0))
+    assert choice.ranking[0] == holder
+    assert choice.cached_tokens == min(blocks * 16, len(prompt) - 1)
+
+
+@given(st.integers(0, 20_000), st.integers(0, 20_000), st.integers(1, 8192),
+       st.integers(0, 512), st.integers(0, 5000))
+def test_affinity_bonus_is_the_saved_prefill_and_respects_the_cap(
+    queue_a, queue_b, prompt_tokens, cached_blocks, cap
+):
+    """Two replicas, a holds part of the prompt: brute-force the rule."""
+    policy = PrefillPolicy(block_size=16, max_imbalance_tokens=cap)
+    choice = rank_prefill(prompt_tokens, {"a": cached_blocks},
+                          _loads({"a": queue_a, "b": queue_b}), policy)
+    saved = min(cached_blocks * 16, prompt_tokens - 1)
+    if queue_a - min(queue_a, queue_b) > cap:
+        saved = 0
+    cost_a, cost_b = queue_a + prompt_tokens - saved, queue_b + prompt_tokens
+    expected = "a" if (cost_a, -saved, queue_a, "a") < (cost_b, 0, queue_b, "b") else "b"
+    assert choice.ranking == (expected, "b" if expected == "a" else "a")
+
+
+@settings(max_examples=200)
+@given(st.integers(2, 5), st.lists(st.integers(0, 600), min_size=1, max_size=300),
+       st.integers(0, 3000), st.integers(0, 2**32))
+def test_a_hot_prefix_spreads_once_the_imbalance_exceeds_the_cap(n, suffixes, cap, seed):
+    """Every request shares a 512-token system prompt; none completes. The chosen replica's
+    queue never exceeds the shortest by more than the cap, so no replica gets more than an
+    equal share plus the cap plus one prompt."""
+    policy = PrefillPolicy(block_size=16, max_imbalance_tokens=cap)
+    index, queues, rng = PrefixIndex(10_000), {f"r{i}": 0 for i in range(n)}, random.Random(seed)
+    system = list(range(512))
+    longest = 0
+    for i, suffix in enumerate(suffixes):
+        prompt = system + [100_000 + i] * suffix
+        hashes = prefix_block_hashes(prompt, 16)
+        choice = rank_prefill(len(prompt), index.match(hashes), _loads(queues), policy, rng)
+        first = choice.ranking[0]
+        assert queues[first] - min(queues.values()) <= min(cap, choice.cached_tokens)
+        queues[first] += len(prompt)
+        index.record(hashes, first)
+        longest = max(longest, len(prompt))
+    total = sum(queues.values())
+    assert max(queues.values()) <= total / n + cap + longest
+    if total > cap + longest:
+        assert sum(1 for q in queues.values() if q) > 1
+
+
+def test_a_hot_prefix_stays_put_while_the_others_are_as_busy():
+    queues = {"a": 3000, "b": 2600}
+    prompt = list(range(1000))
+    index = PrefixIndex(100)
+    index.record(prefix_block_hashes(prompt, 16), "a")
+    choice = rank_prefill(1000, index.match(prefix_block_hashes(prompt, 16)), _loads(queues),
+                          POLICY)
+    assert choice.ranking == ("a", "b")    # 3000 + 8 beats 2600 + 1000
+    queues["a"] = 3700                     # 1100 over b: past the 1000-token cap
+    choice = rank_prefill(1000, index.match(prefix_block_hashes(prompt, 16)), _loads(queues),
+                          POLICY)
+    assert choice.ranking == ("b", "a") and choice.cached_tokens == 0
+
+
+def test_pending_tokens_count_like_reported_ones():
+    loads = [ReplicaLoad("a", queued_prefill_tokens=100),
+             ReplicaLoad("b", queued_prefill_tokens=0, pending_tokens=500)]
+    assert rank_prefill(10, {}, loads, POLICY).ranking == ("a", "b")
+
+
+def test_stale_replicas_rank_last_even_when_idle():
+    loads = _loads({"a": 0, "b": 9000, "c": 50}, stale=frozenset({"a"}))
+    assert rank_prefill(100, {"a": 5}, loads, POLICY).ranking == ("c", "b", "a")
+
+
+# -- decode ranking ---------------------------------------------------------------------
+
+decode_loads = st.lists(
+    st.tuples(st.integers(0, 300), st.integers(0, 50), st.floats(0, 1), st.booleans(),
+              st.integers(0, 20), st.sampled_from([None, 64, 256])),
+    min_size=1, max_size=8,
+)
+
+
+def _decode(rows) -> list[ReplicaLoad]:
+    return [ReplicaLoad(f"r{i}", running_seqs=run, waiting_seqs=wait, kv_usage=kv, stale=stale,
+                        pending_requests=pending, max_num_seqs=max_seqs)
+            for i, (run, wait, kv, stale, pending, max_seqs) in enumerate(rows)]
+
+
+@given(decode_loads, st.integers(0, 2**32))
+def test_decode_ranks_least_loaded_first_full_next_stale_last(rows, seed):
+    policy = DecodePolicy()
+    loads = _decode(rows)
+    ranking = rank_decode(loads, policy, random.Random(seed))
+    by_id = {load.replica_id: load for load in loads}
+    groups = [(by_id[r].stale, by_id[r].kv_usage >= policy.kv_high_water) for r in ranking]
+    assert groups == sorted(groups)
+    scores = [decode_score(by_id[r], policy) for r in ranking]
+    for i in range(len(ranking) - 1):
+        assert groups[i] != groups[i + 1] or scores[i] <= scores[i + 1]
+
+
+def test_decode_picks_the_least_loaded():
+    loads = [ReplicaLoad("a", running_seqs=10, kv_usage=0.5, max_num_seqs=100),
+             ReplicaLoad("b", running_seqs=30, kv_usage=0.1, max_num_seqs=100),   # 0.4
+             ReplicaLoad("c", running_seqs=0, kv_usage=0.96),                     # full
+             ReplicaLoad("d", running_seqs=5, kv_usage=0.2, max_num_seqs=100,
+                         pending_requests=30)]                                    # 0.55
+    assert rank_decode(loads, DecodePolicy()) == ("b", "d", "a", "c")
+
+
+# -- both: rankings are permutations ----------------------------------------------------
+
+
+@given(replica_ids, st.data(), st.integers(0, 10_000), st.integers(0, 2**32))
+def test_rankings_are_permutations_of_the_candidates(ids, data, prompt_tokens, seed):
+    loads = [ReplicaLoad(r, queued_prefill_tokens=data.draw(st.integers(0, 10_000)),
+                         running_seqs=data.draw(st.integers(0, 300)),
+                         kv_usage=data.draw(st.floats(0, 1)), stale=data.draw(st.booleans()))
+             for r in ids]
+    matched = {r: data.draw(st.integers(0, 64)) for r in ids if data.draw(st.booleans())}
+    rng = random.Random(seed) if data.draw(st.booleans()) else None
+    prefill = rank_prefill(prompt_tokens, matched, loads, POLICY, rng).ranking
+    decode = rank_decode(loads, DecodePolicy(), rng)
+    assert sorted(prefill) == sorted(ids) == sorted(decode)
+
+
+def test_no_candidates_no_ranking():
+    assert rank_prefill(10, {}, [], POLICY).ranking == ()
+    assert rank_decode([], DecodePolicy()) == ()
+
+
+def test_policies_refuse_nonsense():
+    with pytest.raises(ValueError):
+        PrefillPolicy(block_size=0)
+    with pytest.raises(ValueError):
+        DecodePolicy(kv_high_water=1.5)

@@ -1,0 +1,365 @@
+"""The Serve request routers of the pools, driven without a Ray cluster.
+
+Ray's ``RequestRouter`` needs no running Ray to be constructed, so the routers are built
+with the keyword arguments Serve passes them, fed replicas that look like Serve's
+``RunningReplica`` (id, routing stats, queue length) and ``PendingRequest``s as Serve makes
+them. The last tests run Serve's own routing loop (``_choose_replica_for_request``, which
+calls ``choose_replicas`` and probes queue lengths) over those replicas.
+"""
+
+import asyncio
+import random
+
+import pytest
+from ray.serve._private.common import DeploymentHandleSource, DeploymentID, RequestMetadata
+from ray.serve.config import RequestRouterConfig
+from ray.serve.request_router import PendingRequest, ReplicaID
+
+from cluster.engine_stats import EngineStats
+from cluster.messages import EngineRequest, SamplingSpec
+from cluster.routing_stats import routing_stats_from
+from router.replica_choice import load_from_stats
+from router.request_routers import (
+    CODE_DIGEST_KEY,
+    DecodeRequestRouter,
+    PrefillRequestRouter,
+    as_ranks,
+    engine_request_of,
+    request_router_config,
+)
+
+DEPLOYMENT = DeploymentID(name="prefill", app_name="pdserve")
+SYSTEM_PROMPT = tuple(range(256))   # 16 blocks of 16
+
+
+class FakeReplica:
+    """What a router reads of Serve's ``RunningReplica``."""
+
+    def __init__(self, name: str, stats: dict | None = None, queue_len: int = 0,
+                 max_ongoing_requests: int = 8):
+        self.replica_id = ReplicaID(unique_id=name, deployment_id=DEPLOYMENT)
+        self.routing_stats = stats or {}
+        self.queue_len = queue_len
+        self.max_ongoing_requests = max_ongoing_requests
+        self.node_id = "node"
+        self.availability_zone = None
+        self.multiplexed_model_ids: set[str] = set()
+        self.is_cross_language = False
+
+    async def get_queue_len(self, *, deadline_s: float) -> int:
+        return self.queue_len
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_router(cls, clock: Clock, **state):
+    """Construct a router the way Serve's ``AsyncioRouter`` does, then configure it."""
+    router = cls(
+        deployment_id=DEPLOYMENT,
+        handle_source=DeploymentHandleSource.REPLICA,
+        self_node_id="node",
+        self_actor_id="actor",
+        self_actor_handle=None,
+        use_replica_queue_len_cache=True,
+        create_replica_wrapper_func=lambda info: info,
+        prefer_local_node_routing=False,
+        prefer_local_az_routing=False,
+        self_availability_zone=None,
+        clock=clock,
+        rng=random.Random(0),
+    )
+    router.initialize_state(**state)
+    return router
+
+
+def engine_request(request_id: str, prompt: tuple[int, ...]) -> EngineRequest:
+    return EngineRequest(request_id, prompt, SamplingSpec(max_tokens=8))
+
+
+def pending(request_id: str, *args, **kwargs) -> PendingRequest:
+    """A handle call as Serve queues it (call from inside an event loop)."""
+    return PendingRequest(
+        args=list(args), kwargs=kwargs,
+        metadata=RequestMetadata(request_id=request_id, internal_request_id=request_id),
+    )
+
+
+def first_ids(ranks) -> list[str]:
+    assert all(len(rank) == 1 for rank in ranks)   # strict ranking: one replica per rank
+    return [rank[0].replica_id.unique_id for rank in ranks]
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+# -- mapping helpers --------------------------------------------------------------------
+
+
+def test_engine_request_is_the_first_argument_of_pool_calls_only():
+    async def check():
+        request = engine_request("x", (1, 2, 3))
+        assert engine_request_of(pending("1", request, None)) is request      # decode call
+        assert engine_request_of(pending("2", request=request)) is request
+        assert engine_request_of(pending("3")) is None                         # stats()
+        assert engine_request_of(pending("4", "text")) is None
+        assert engine_request_of(None) is None
+    run(check())
+
+
+def test_ranks_keep_only_known_replicas_one_per_rank():
+    a, b = FakeReplica("a"), FakeReplica("b")
+    assert as_ranks(["b", "gone", "a"], [a, b]) == [[b], [a]]
+
+
+# -- prefill router ---------------------------------------------------------------------
+
+
+def test_prefill_router_follows_the_prefix_it_routed():
+    async def check():
+        clock = Clock()
+        router = make_router(PrefillRequestRouter, clock, block_size=16)
+        replicas = [FakeReplica("a"), FakeReplica("b"), FakeReplica("c")]
+        first = pending("1", engine_request("1", SYSTEM_PROMPT + (1000,) * 40))
+        ranks = await router.choose_replicas(replicas, first)
+        assert sorted(first_ids(ranks)) == ["a", "b", "c"]
+        assert first.routing_context.should_backoff       # no tight retry loop when full
+        router.on_request_routed(first, replicas[1].replica_id, result=None)   # went to b
+        router.on_request_completed(replicas[1].replica_id, "1")
+
+        second = pending("2", engine_request("2", SYSTEM_PROMPT + (2000,) * 40))
+        assert first_ids(await router.choose_replicas(replicas, second))[0] == "b"
+    run(check())
+
+
+def test_prefill_router_leaves_an_affinity_replica_whose_queue_is_too_long():
+    async def check():
+        clock = Clock()
+        router = make_router(PrefillRequestRouter, clock, block_size=16,
+                             max_imbalance_tokens=500)
+        a = FakeReplica("a", {"queued_prefill_tokens": 0, "reported_at": clock.now})
+        b = FakeReplica("b", {"queued_prefill_tokens": 0, "reported_at": clock.now})
+        routed = pending("1", engine_request("1", SYSTEM_PROMPT))
+        await router.choose_replicas([a, b], routed)
+        router.on_request_routed(routed, a.replica_id, result=None)
+        router.on_request_completed(a.replica_id, "1")
+        a.routing_stats = {"queued_prefill_tokens": 501, "reported_at": clock.now}
+        again = pending("2", engine_request("2", SYSTEM_PROMPT))
+        ranks = await router.choose_replicas([a, b], again)
+        assert first_ids(ranks) == ["b", "a"]
+    run(check())
+
+
+def test_a_burst_spreads_before_any_replica_reports():
+    """Requests routed between two stats reports see each other through the tally."""
+    async def check():
+        router = make_router(PrefillRequestRouter, Clock(), block_size=16)
+        replicas = [FakeReplica(name) for name in "abcd"]
+        chosen = []
+        for i in range(8):
+            prompt = tuple(range(i * 1000, i * 1000 + 500))
+            request = pending(str(i), engine_request(str(i), prompt))
+            chosen.append(first_ids(await router.choose_replicas(replicas, request))[0])
+        assert sorted(chosen) == sorted("abcd" * 2)
+    run(check())
+
+
+def test_a_report_taken_after_routing_replaces_the_routers_own_count():
+    async def check():
+        clock = Clock(100.0)
+        router = make_router(PrefillRequestRouter, clock, block_size=16)
+        a, b = FakeReplica("a"), FakeReplica("b")
+        big = pending("1", engine_request("1", tuple(range(5000))))
+        await router.choose_replicas([a, b], big)
+        router.on_request_routed(big, a.replica_id, result=None)     # 5000 tokens pending on a
+        small = pending("2", engine_request("2", tuple(range(9000, 9100))))
+        assert first_ids(await router.choose_replicas([a, b], small))[0] == "b"
+        router.on_request_routed(small, b.replica_id, result=None)
+        # a reports after it received the request, with most of it already prefilled
+        clock.now = 101.0
+        a.routing_stats = {"queued_prefill_tokens": 10, "reported_at": 100.5}
+        b.routing_stats = {"queued_prefill_tokens": 100, "reported_at": 100.5}
+        third = pending("3", engine_request("3", tuple(range(20000, 20100))))
+        assert first_ids(await router.choose_replicas([a, b], third))[0] == "a"
+    run(check())
+
+
+def test_completion_from_a_replica_that_rejected_does_not_drop_the_new_count():
+    async def check():
+        router = make_router(PrefillRequestRouter, Clock(), block_size=16)
+        a, b = FakeReplica("a"), FakeReplica("b", {"queued_prefill_tokens": 10})
+        request = pending("1", engine_request("1", tuple(range(3000))))
+        assert first_ids(await router.choose_replicas([a, b], request))[0] == "a"
+        router.on_request_completed(a.replica_id, "1")   # a rejected it (full)
+        router.on_request_routed(request, b.replica_id, result=None)  # Serve fell back to b
+        router.on_request_completed(a.replica_id, "1")   # stray completion of the attempt
+        assert (router._tally.tokens("a"), router._tally.tokens("b")) == (0, 3000)
+        other = pending("2", engine_request("2", tuple(range(5000, 5100))))
+        assert first_ids(await router.choose_replicas([a, b], other))[0] == "a"
+        router.on_request_completed(b.replica_id, "1")   # prefill done on b
+        again = pending("3", engine_request("3", tuple(range(7000, 7100))))
+        ranks = await router.choose_replicas([a, b], again)
+        assert first_ids(ranks)[0] == "b"   # a holds request 2's tentative count
+    run(check())
+
+
+def test_stats_calls_are_ranked_by_load_and_not_counted():
+    async def check():
+        router = make_router(PrefillRequestRouter, Clock(), block_size=16)
+        a = FakeReplica("a", {"queued_prefill_tokens": 900})
+        b = FakeReplica("b", {"queued_prefill_tokens": 10})
+        call = pending("s")
+        assert first_ids(await router.choose_replicas([a, b], call)) == ["b", "a"]
+        router.on_request_routed(call, b.replica_id, result=None)
+        assert len(router._tally) == 0
+        assert await router.choose_replicas([], call) == []
+    run(check())
+
+
+def test_a_dead_replica_is_forgotten():
+    async def check():
+        router = make_router(PrefillRequestRouter, Clock(), block_size=16)
+        a, b = FakeReplica("a"), FakeReplica("b")
+        routed = pending("1", engine_request("1", SYSTEM_PROMPT))
+        await router.choose_replicas([a, b], routed)
+        router.on_request_routed(routed, a.replica_id, result=None)
+        router.on_replica_actor_died(a.replica_id)
+        assert len(router._tally) == 0 and len(router._index) == 0
+    run(check())
+
+
+def test_policy_kwargs_are_checked():
+    with pytest.raises(TypeError):
+        make_router(PrefillRequestRouter, Clock(), block_size=16, no_such_knob=1)
+    with pytest.raises(ValueError):
+        make_router(PrefillRequestRouter, Clock(), block_size=0)
+
+
+# -- decode router ----------------------------------------------------------------------
+
+
+def test_decode_router_prefers_the_least_loaded_and_counts_its_sends():
+    async def check():
+        clock = Clock()
+        router = make_router(DecodeRequestRouter, clock)
+        a = FakeReplica("a", {"running_seqs": 2, "kv_usage": 0.1, "max_num_seqs": 16,
+                              "reported_at": clock.now})
+        b = FakeReplica("b", {"running_seqs": 0, "kv_usage": 0.97, "max_num_seqs": 16,
+                              "reported_at": clock.now})
+        c = FakeReplica("c", {"running_seqs": 3, "kv_usage": 0.13, "max_num_seqs": 16,
+                              "reported_at": clock.now})
+        request = engine_request("1", tuple(range(100)))
+        # scores: a 2/16 + 0.1 = 0.225, c 3/16 + 0.13 = 0.3175, b above the high-water mark
+        assert first_ids(await router.choose_replicas([a, b, c], pending("1", request, None))) \
+            == ["a", "c", "b"]
+        # each unreported send adds 1/16: after two, a (0.35) is busier than c
+        ranks = await router.choose_replicas([a, b, c], pending("2", request, None))
+        assert first_ids(ranks)[0] == "a"
+        ranks = await router.choose_replicas([a, b, c], pending("3", request, None))
+        assert first_ids(ranks)[0] == "c"
+    run(check())
+
+
+def test_decode_router_ranks_a_replica_with_stale_stats_last():
+    async def check():
+        clock = Clock(1000.0)
+        router = make_router(DecodeRequestRouter, clock, stale_after_s=5)
+        fresh = FakeReplica("fresh", {"running_seqs": 100, "kv_usage": 0.9, "reported_at": 999})
+        stale = FakeReplica("stale", {"running_seqs": 0, "kv_usage": 0.0, "reported_at": 990})
+        new = FakeReplica("new")    # no report yet: empty
+        call = pending("1", engine_request("1", (1,)), None)
+        ranks = await router.choose_replicas([stale, fresh, new], call)
+        assert first_ids(ranks) == ["new", "fresh", "stale"]
+    run(check())
+
+
+# -- through Serve's own routing loop ---------------------------------------------------
+
+
+def test_serve_gives_the_chosen_replica_to_the_request_it_was_chosen_for():
+    async def check():
+        router = make_router(PrefillRequestRouter, Clock(), block_size=16)
+        replicas = [FakeReplica("a"), FakeReplica("b")]
+        router.update_replicas(replicas)
+        warm = pending("1", engine_request("1", SYSTEM_PROMPT))
+        chosen = await router._choose_replica_for_request(warm)
+        router.on_request_routed(warm, chosen.replica_id, result=None)
+        router.on_request_completed(chosen.replica_id, "1")
+        follow = pending("2", engine_request("2", SYSTEM_PROMPT + (7,) * 16))
+        assert await router._choose_replica_for_request(follow) is chosen
+    run(check())
+
+
+def test_serve_falls_back_to_the_next_rank_when_the_first_is_full():
+    async def check():
+        router = make_router(PrefillRequestRouter, Clock(), block_size=16)
+        a = FakeReplica("a", queue_len=8, max_ongoing_requests=8)    # full
+        b = FakeReplica("b", {"queued_prefill_tokens": 5000})
+        router.update_replicas([a, b])
+        request = pending("1", engine_request("1", tuple(range(100))))
+        assert first_ids(await router.choose_replicas([a, b], request))[0] == "a"
+        chosen = await asyncio.wait_for(router._choose_replica_for_request(request), 10)
+        assert chosen is b
+    run(check())
+
+
+def test_update_replicas_forgets_removed_replicas():
+    async def check():
+        router = make_router(PrefillRequestRouter, Clock(), block_size=16)
+        a, b = FakeReplica("a"), FakeReplica("b")
+        router.update_replicas([a, b])
+        routed = pending("1", engine_request("1", SYSTEM_PROMPT))
+        await router.choose_replicas([a, b], routed)
+        router.on_request_routed(routed, a.replica_id, result=None)
+        router.update_replicas([b])
+        assert len(router._index) == 0 and len(router._tally) == 0
+    run(check())
+
+
+# -- deployment option and replica stats ------------------------------------------------
+
+
+def test_router_config_names_the_class_and_carries_the_block_size():
+    config = request_router_config("prefill", 32)
+    assert isinstance(config, RequestRouterConfig)
+    assert config.request_router_class == "router.request_routers.PrefillRequestRouter"
+    kwargs = dict(config.request_router_kwargs)
+    assert len(kwargs.pop(CODE_DIGEST_KEY)) == 16 and kwargs == {"block_size": 32}
+    assert config.request_routing_stats_period_s == 1.0
+    router_class = config.get_request_router_class()   # as Serve ships it: by value
+    assert router_class.__name__ == "PrefillRequestRouter"
+    router = make_router(router_class, Clock(), **config.request_router_kwargs)
+    assert router.policy.block_size == 32
+    decode = request_router_config("decode", 32, kv_high_water=0.9)
+    assert set(decode.request_router_kwargs) == {"kv_high_water", CODE_DIGEST_KEY}
+    router = make_router(decode.get_request_router_class(), Clock(),
+                         **decode.request_router_kwargs)
+    assert router.policy.kv_high_water == 0.9
+    with pytest.raises(ValueError):
+        request_router_config("router", 16)
+    with pytest.raises(ValueError):
+        request_router_config("prefill", 0)
+
+
+def test_engine_stats_reach_the_router_as_reported():
+    stats = EngineStats(role="decode", engine_id="d", kv_cache_usage=0.25, num_running=7,
+                        num_waiting=2, queued_prefill_tokens=300)
+    report = routing_stats_from(stats, max_num_seqs=64, reported_at=50.0)
+    load = load_from_stats("d", report, now=51.0, stale_after_s=5)
+    assert (load.running_seqs, load.waiting_seqs, load.kv_usage, load.max_num_seqs) == (
+        7, 2, 0.25, 64)
+    assert not load.stale
+    assert report["queued_prefill_tokens"] == 300
+
+
+def test_the_report_carries_the_counted_queue_and_no_time_unless_given():
+    stats = EngineStats(role="prefill", engine_id="p", num_running=1, num_waiting=3)
+    stats.queued_prefill_tokens = 1234    # kept by EngineHost.generate
+    assert routing_stats_from(stats)["queued_prefill_tokens"] == 1234
+    assert "reported_at" not in routing_stats_from(stats)
