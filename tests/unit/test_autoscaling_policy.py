@@ -1,0 +1,529 @@
+"""Pool autoscaling decisions (pure) and their Ray Serve adapter (no Ray started)."""
+
+from dataclasses import fields, replace
+from datetime import UTC, datetime
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from cluster.autoscaling import serve_policy
+from cluster.autoscaling.config import (
+    AutoscalingConfig,
+    DecodeScalingConfig,
+    PrefillScalingConfig,
+    ReplicaBounds,
+    StandbySchedule,
+    StandbyWindow,
+)
+from cluster.autoscaling.policy import (
+    PoolLoad,
+    PoolState,
+    PoolView,
+    ReplicaObservation,
+    decide_app,
+    decide_decode,
+    decide_prefill,
+    mix_ratio,
+)
+
+PREFILL = PrefillScalingConfig(max_replicas=16)
+DECODE = DecodeScalingConfig(max_replicas=32)
+T = 1_750_000_000.0  # a fixed "now"
+
+
+def view(current: int, state: PoolState | None = None, **totals) -> PoolView:
+    """``current`` replicas, all running, sharing the pool totals given."""
+    return PoolView(current, PoolLoad.spread(max(current, 1), **totals),
+                    state or PoolState(), running=current)
+
+
+prefill_view = decode_view = view
+
+
+IDLE_PREFILL = {"queued_prefill_tokens": 0.0, "ttft_p95_s": 0.05, "prompt_tokens_per_s": 0.0}
+IDLE_DECODE = {"running_seqs": 0.0, "kv_usage": 0.0, "itl_p95_s": 0.02,
+               "output_tokens_per_s": 0.0}
+
+
+# --- prefill -------------------------------------------------------------------------------
+
+
+def test_queued_prefill_tokens_above_target_scale_up_with_a_readable_reason():
+    decision = decide_prefill(prefill_view(2, queued_prefill_tokens=41_000), PREFILL, T)
+    assert (decision.current, decision.desired, decision.direction) == (2, 3, "up")
+    assert decision.reason == "up: queued prefill tokens 41k > 2 x 16k target"
+    assert decision.state.last_scale_up_s == T
+
+
+def test_a_ttft_breach_scales_up_in_proportion_but_at_most_by_the_step_factor():
+    mild = decide_prefill(prefill_view(4, ttft_p95_s=0.6), PREFILL, T)
+    assert mild.desired == 5 and mild.reason == "up: p95 TTFT 0.60 s > 0.50 s SLO"
+    severe = decide_prefill(prefill_view(4, ttft_p95_s=3.0), PREFILL, T)
+    assert severe.desired == 8                                     # x2, not x6
+    one = decide_prefill(prefill_view(1, ttft_p95_s=0.51), PREFILL, T)
+    assert one.desired == 2                                        # at least one more
+
+
+def test_prompt_throughput_sizes_prefill_at_its_target_utilisation():
+    # 32768 tokens/s per replica at 75%: 24576 planned; 80k tokens/s need 4 replicas.
+    decision = decide_prefill(prefill_view(2, prompt_tokens_per_s=80_000), PREFILL, T)
+    assert decision.desired == 4
+    assert decision.reason == "up: prompt 80k tokens/s > 2 x 25k tokens/s"
+
+
+def test_a_huge_backlog_is_climbed_in_steps_not_in_one_jump():
+    decision = decide_prefill(prefill_view(3, queued_prefill_tokens=3_000_000), PREFILL, T)
+    assert decision.desired == 6 and "step of at most x2" in decision.reason
+    assert decision.need == pytest.approx(3_000_000 / 16384)
+
+
+def test_the_next_scale_up_waits_for_starting_replicas_and_then_the_cool_down():
+    after_up = PoolState(last_scale_up_s=T)
+    starting = PoolView(6, PoolLoad.spread(3, ttft_p95_s=2.0), after_up, running=3)
+    decision = decide_prefill(starting, PREFILL, T + 200)
+    assert decision.direction == "hold" and "3 replica(s) still starting" in decision.reason
+
+    ready = replace(starting, running=6)
+    first_seen = decide_prefill(ready, PREFILL, T + 230)           # all up: metrics lag
+    assert first_seen.direction == "hold" and "settling" in first_seen.reason
+    assert first_seen.state.ready_since_s == T + 230
+    settled = decide_prefill(replace(ready, state=first_seen.state), PREFILL, T + 230 + 60)
+    assert settled.direction == "up" and settled.desired == 12
+
+
+def test_without_a_running_count_the_cool_down_counts_from_the_scale_up():
+    view = PoolView(4, PoolLoad.spread(4, ttft_p95_s=1.0), PoolState(last_scale_up_s=T))
+    assert decide_prefill(view, PREFILL, T + 59).direction == "hold"
+    assert decide_prefill(view, PREFILL, T + 60).direction == "up"
+
+
+def test_scale_down_needs_headroom_latency_margin_a_sustained_wish_and_a_cool_down():
+    config = PREFILL
+    low = {"queued_prefill_tokens": 1000.0, "ttft_p95_s": 0.1, "prompt_tokens_per_s": 1000.0}
+    state = PoolState(last_scale_up_s=T - 10_000)
+    first = decide_prefill(prefill_view(5, state, **low), config, T)
+    assert first.direction == "hold" and "wanted for 0 s of 300 s" in first.reason
+    waiting = decide_prefill(prefill_view(5, first.state, **low), config, T + 299)
+    assert waiting.direction == "hold"
+    down = decide_prefill(prefill_view(5, waiting.state, **low), config, T + 300)
+    assert (down.desired, down.direction) == (4, "down")          # one step at a time
+    assert down.reason.startswith("down: ")
+    # The wish to shrink further starts again at the next tick; the next step then waits
+    # for the cool-down since this scale-down, although the wish has lasted long enough.
+    wish = decide_prefill(prefill_view(4, down.state, **low), config, T + 301)
+    again = decide_prefill(prefill_view(4, wish.state, **low), config, T + 300 + 599)
+    assert again.direction == "hold" and "cool-down (1 s left)" in again.reason
+    later = decide_prefill(prefill_view(4, again.state, **low), config, T + 300 + 600)
+    assert later.direction == "down"
+
+
+def test_a_recent_scale_up_blocks_scale_down_for_the_cool_down():
+    low = {"queued_prefill_tokens": 0.0, "ttft_p95_s": 0.1, "prompt_tokens_per_s": 0.0}
+    state = PoolState(last_scale_up_s=T - 500, down_wanted_since_s=T - 400)
+    decision = decide_prefill(prefill_view(5, state, **low), PREFILL, T)
+    assert decision.direction == "hold" and "cool-down (100 s left)" in decision.reason
+
+
+def test_load_inside_the_hysteresis_band_or_latency_near_the_slo_holds():
+    # 3 replicas of load: 3 fit in 3, but not with 20% spare in 3 -> no scale-down from 4.
+    band = decide_prefill(prefill_view(4, queued_prefill_tokens=3 * 16384 * 0.9), PREFILL, T)
+    assert band.direction == "hold" and "needs 4 replicas" in band.reason
+    near_slo = decide_prefill(prefill_view(4, ttft_p95_s=0.45), PREFILL, T)
+    assert near_slo.direction == "hold" and "within 20% of 0.50 s SLO" in near_slo.reason
+
+
+def test_no_metrics_means_hold_not_scale_to_the_minimum():
+    view = PoolView(5, PoolLoad((ReplicaObservation(),) * 5), PoolState(), running=5)
+    decision = decide_prefill(view, PREFILL, T)
+    assert decision.desired == 5 and decision.reason == "hold: no metrics reported"
+
+
+def test_bounds_of_the_view_override_the_pool_config_and_max_wins_over_the_floor():
+    bounds = ReplicaBounds(min_replicas=3, max_replicas=4)
+    view = PoolView(2, PoolLoad.spread(2, **IDLE_PREFILL), bounds=bounds, running=2)
+    assert decide_prefill(view, PREFILL, T).desired == 3
+    busy = replace(view, current=4, load=PoolLoad.spread(4, queued_prefill_tokens=10**6))
+    capped = decide_prefill(busy, PREFILL, T)
+    assert capped.desired == 4 and "max_replicas 4" not in capped.reason  # already there
+    evening = PREFILL.model_copy(update={"standby": StandbySchedule(
+        windows=[StandbyWindow(start="00:00", end="23:59", min_replicas=9)])})
+    floored = decide_prefill(view, evening, datetime(2025, 6, 11, 12, tzinfo=UTC))
+    assert (floored.floor, floored.desired) == (9, 4)
+    assert floored.reason == (
+        "up: standby floor 9 (queued prefill tokens 0 fits 0 x 16k target with 20% headroom)")
+
+
+def test_the_standby_floor_raises_at_once_and_is_reported():
+    plan = StandbySchedule(timezone="Europe/Berlin", ramp_minutes=0,
+                           windows=[StandbyWindow(start="17:00", end="23:00", min_replicas=6)])
+    config = PREFILL.model_copy(update={"standby": plan})
+    at = datetime(2025, 6, 11, 18, tzinfo=UTC)                   # 20:00 in Berlin
+    starting = PoolView(2, PoolLoad.spread(1, **IDLE_PREFILL), PoolState(last_scale_up_s=T),
+                        running=1)
+    decision = decide_prefill(starting, config, at)
+    assert (decision.desired, decision.floor, decision.direction) == (6, 6, "up")
+    assert decision.reason.startswith("up: standby floor 6")
+
+
+# --- decode --------------------------------------------------------------------------------
+
+
+def test_decode_scales_on_running_sequences_kv_cache_and_itl():
+    seqs = decide_decode(decode_view(2, running_seqs=400), DECODE, T)
+    assert seqs.desired == 4 and seqs.reason == "up: running seqs 400 > 2 x 128 target"
+    kv = decide_decode(decode_view(4, kv_usage=0.95), DECODE, T)
+    assert kv.desired == 5 and kv.reason == "up: mean KV-cache use 95% > 80% target"
+    itl = decide_decode(decode_view(4, itl_p95_s=0.08), DECODE, T)
+    assert itl.desired == 7 and itl.reason == "up: p95 ITL 0.08 s > 0.05 s SLO"
+    fine = decide_decode(decode_view(4, running_seqs=400, kv_usage=0.6, itl_p95_s=0.03),
+                         DECODE, T)
+    assert fine.direction == "hold"
+
+
+def test_output_throughput_sizes_decode_at_its_target_utilisation():
+    # 3000 tokens/s per replica at 75%: 2250 planned; 9000 tokens/s need 4 replicas.
+    decision = decide_decode(decode_view(2, output_tokens_per_s=9000), DECODE, T)
+    assert decision.desired == 4 and "output 9.0k tokens/s > 2 x 2.2k tokens/s" in (
+        decision.reason)
+
+
+# --- both pools ----------------------------------------------------------------------------
+
+
+CONFIG = AutoscalingConfig(prefill=PREFILL, decode=DECODE)
+
+
+def test_the_ratio_follows_the_prompt_output_mix():
+    chat = mix_ratio(PoolLoad.spread(1, prompt_tokens_per_s=50_000),
+                     PoolLoad.spread(1, output_tokens_per_s=30_000), CONFIG)
+    summaries = mix_ratio(PoolLoad.spread(1, prompt_tokens_per_s=160_000),
+                          PoolLoad.spread(1, output_tokens_per_s=1_000), CONFIG)
+    # prefill demand / decode demand = (50000 / 32768) / (30000 / 3000)
+    assert chat == pytest.approx((50_000 / 32768) / (30_000 / 3000))
+    assert summaries == pytest.approx(CONFIG.max_prefill_per_decode)  # 14.6, clamped
+    assert mix_ratio(PoolLoad(), PoolLoad.spread(1, output_tokens_per_s=10), CONFIG) is None
+
+
+def test_a_pool_that_scales_up_takes_the_other_along_by_the_mix():
+    prefill = prefill_view(4, queued_prefill_tokens=100_000, ttft_p95_s=0.3,
+                           prompt_tokens_per_s=90_000)
+    decode = decode_view(4, running_seqs=300, kv_usage=0.5, itl_p95_s=0.03,
+                         output_tokens_per_s=9_000)
+    both = decide_app(prefill, decode, CONFIG, T)
+    alone = decide_decode(decode, DECODE, T)
+    assert both.prefill.direction == "up" and alone.direction == "hold"
+    assert both.decode.desired > alone.desired
+    assert "prefill scaling to" in both.decode.reason and "token mix" in both.decode.reason
+    uncoupled = decide_app(prefill, decode, CONFIG.model_copy(update={"couple_pools": False}), T)
+    assert uncoupled.decode.desired == alone.desired and uncoupled.prefill_per_decode is None
+
+
+def test_decode_scaling_up_takes_prefill_along_too():
+    prefill = prefill_view(2, queued_prefill_tokens=0.0, ttft_p95_s=0.1,
+                           prompt_tokens_per_s=40_000)
+    decode = decode_view(10, running_seqs=2000, kv_usage=0.7, itl_p95_s=0.04,
+                         output_tokens_per_s=20_000)
+    both = decide_app(prefill, decode, CONFIG, T)
+    assert both.decode.direction == "up"
+    assert both.prefill.desired > decide_prefill(prefill, PREFILL, T).desired
+    assert "decode scaling to" in both.prefill.reason
+
+
+def test_the_coupling_never_blocks_a_scale_down():
+    prefill = prefill_view(8, PoolState(down_wanted_since_s=T - 1000), **{
+        **IDLE_PREFILL, "prompt_tokens_per_s": 30_000})
+    decode = decode_view(10, PoolState(down_wanted_since_s=T - 1000), **{
+        **IDLE_DECODE, "output_tokens_per_s": 3_000})
+    both = decide_app(prefill, decode, CONFIG, T)
+    assert both.prefill.direction == "down" and both.decode.direction == "down"
+
+
+# --- state ---------------------------------------------------------------------------------
+
+
+def test_state_round_trips_and_tolerates_foreign_keys():
+    state = PoolState(1.0, 2.0, None, 4.0)
+    assert PoolState.from_dict(state.to_dict()) == state
+    assert PoolState.from_dict({"last_scale_up_s": "x", "other": 1}) == PoolState()
+    assert PoolState.from_dict(None) == PoolState()
+
+
+# --- properties ----------------------------------------------------------------------------
+
+loads = st.fixed_dictionaries({
+    "queued_prefill_tokens": st.floats(0, 2e6),
+    "ttft_p95_s": st.floats(0, 10),
+    "prompt_tokens_per_s": st.floats(0, 5e5),
+    "running_seqs": st.floats(0, 1e4),
+    "kv_usage": st.floats(0, 1),
+    "itl_p95_s": st.floats(0, 1),
+    "output_tokens_per_s": st.floats(0, 2e5),
+})
+maybe_time = st.none() | st.floats(T - 5000, T)
+states = st.builds(PoolState, maybe_time, maybe_time, maybe_time, maybe_time)
+bounds = st.tuples(st.integers(0, 10), st.integers(1, 40)).filter(lambda b: b[0] <= b[1]).map(
+    lambda b: ReplicaBounds(min_replicas=b[0], max_replicas=b[1]))
+PREFILL_FIELDS = ("queued_prefill_tokens", "ttft_p95_s", "prompt_tokens_per_s")
+DECODE_FIELDS = ("running_seqs", "kv_usage", "itl_p95_s", "output_tokens_per_s")
+EVENING = StandbySchedule(timezone="Europe/Berlin", ramp_minutes=60, windows=[
+    StandbyWindow(start="17:00", end="23:00", min_replicas=12)])
+
+
+def _decide(pool, current, running, load, state, bound, now, standby):
+    if pool == "prefill":
+        config, names, decide = PREFILL, PREFILL_FIELDS, decide_prefill
+    else:
+        config, names, decide = DECODE, DECODE_FIELDS, decide_decode
+    config = config.model_copy(update={"standby": EVENING if standby else None})
+    pool_load = PoolLoad.spread(max(running, 1), **{n: load[n] for n in names})
+    view = PoolView(current, pool_load, state, bound, running)
+    return decide(view, config, now), config
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.sampled_from(["prefill", "decode"]), st.integers(0, 45), st.integers(0, 45), loads,
+       states, bounds, st.floats(T, T + 86_400), st.booleans())
+def test_decisions_stay_in_bounds_above_the_floor_and_respect_cool_downs(
+    pool, current, running, load, state, bound, now, standby
+):
+    decision, config = _decide(pool, current, running, load, state, bound, now, standby)
+    assert bound.min_replicas <= decision.desired <= bound.max_replicas
+    assert decision.desired >= min(decision.floor, bound.max_replicas)
+    lower = min(max(bound.min_replicas, decision.floor), bound.max_replicas)
+    if decision.direction == "down" and current <= bound.max_replicas:  # not forced by max
+        last = max((t for t in (state.last_scale_up_s, state.last_scale_down_s)
+                    if t is not None), default=None)
+        assert last is None or now - last >= config.downscale_cooldown_s
+        since = state.down_wanted_since_s
+        assert since is not None and now - since >= config.downscale_delay_s
+        assert current - decision.desired <= config.max_downscale_step
+    if decision.direction == "up" and decision.desired > lower:
+        assert decision.desired <= max(current + 1, current * config.max_upscale_factor)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.sampled_from(["prefill", "decode"]), st.integers(0, 45), loads, states, bounds,
+       st.floats(T, T + 86_400), st.floats(1, 10))
+def test_more_load_never_means_fewer_replicas(pool, current, load, state, bound, now, factor):
+    higher = {name: value * factor for name, value in load.items()}
+    higher["kv_usage"] = min(1.0, higher["kv_usage"])
+    lower_decision, _ = _decide(pool, current, current, load, state, bound, now, False)
+    higher_decision, _ = _decide(pool, current, current, higher, state, bound, now, False)
+    assert higher_decision.desired >= lower_decision.desired
+
+
+# --- the Ray Serve adapter -----------------------------------------------------------------
+
+ray_config = pytest.importorskip("ray.serve.config")
+
+
+def test_metric_names_are_the_observation_fields():
+    names = {f.name for f in fields(ReplicaObservation)}
+    reported = set(serve_policy.PREFILL_METRICS) | set(serve_policy.DECODE_METRICS)
+    assert reported == names
+    assert not set(serve_policy.PREFILL_METRICS) & set(serve_policy.DECODE_METRICS)
+
+
+def test_autoscaling_config_for_validates_as_serves_autoscaling_config():
+    evening = StandbySchedule(timezone="Europe/Berlin", windows=[
+        StandbyWindow(start="17:00", end="23:00", min_replicas=4, days=["mon", "fri"])])
+    autoscaling = AutoscalingConfig(prefill=PrefillScalingConfig(
+        min_replicas=2, max_replicas=6, standby=evening))
+    data = serve_policy.autoscaling_config_for("prefill", None, autoscaling)
+    serve = ray_config.AutoscalingConfig(**data)
+    assert (serve.min_replicas, serve.max_replicas, serve.initial_replicas) == (2, 6, 2)
+    assert (serve.upscale_delay_s, serve.downscale_delay_s) == (0, 0)
+    assert serve.look_back_period_s == autoscaling.look_back_period_s
+    assert serve.policy.policy_function == (
+        "cluster.autoscaling.serve_policy:PrefillAutoscalingPolicy")
+    assert AutoscalingConfig.model_validate(serve.policy.policy_kwargs) == autoscaling
+
+    per_version = serve_policy.autoscaling_config_for(
+        "decode", ReplicaBounds(min_replicas=1, max_replicas=3), autoscaling, initial_replicas=9)
+    serve = ray_config.AutoscalingConfig(**per_version)
+    assert (serve.min_replicas, serve.max_replicas, serve.initial_replicas) == (1, 3, 3)
+    assert serve.policy.policy_function.endswith(":DecodeAutoscalingPolicy")
+    bare = serve_policy.autoscaling_config_for("decode", (1, 3), autoscaling,
+                                               deployment_policy=False)
+    assert ray_config.AutoscalingConfig(**bare).policy.is_default_policy_function()
+
+
+def test_autoscaling_config_for_refuses_a_disabled_config_and_unknown_pools():
+    with pytest.raises(ValueError, match="disabled"):
+        serve_policy.autoscaling_config_for("prefill", None,
+                                            AutoscalingConfig(enabled=False))
+    with pytest.raises(ValueError, match="unknown pool"):
+        serve_policy.autoscaling_config_for("router", None, AutoscalingConfig())  # type: ignore
+    with pytest.raises(ValidationError):
+        serve_policy.autoscaling_config_for("prefill", (5, 2), AutoscalingConfig())
+
+
+def _context(name, metrics, *, current=2, target=None, state=None, now=T, app="app",
+             bounds=(1, 16)):
+    from ray.serve._private.common import DeploymentID, ReplicaID
+
+    deployment = DeploymentID(name=name, app_name=app)
+    replicas = [ReplicaID(unique_id=f"{name}-{i}", deployment_id=deployment)
+                for i in range(current)]
+    aggregated = {metric: {replicas[i]: value for i, value in enumerate(values)}
+                  for metric, values in metrics.items()}
+    return ray_config.AutoscalingContext(
+        deployment_id=deployment, deployment_name=name, app_name=app,
+        current_num_replicas=current,
+        target_num_replicas=current if target is None else target,
+        running_replicas=replicas, total_num_requests=1.0, total_queued_requests=0.0,
+        aggregated_metrics=lambda: aggregated, raw_metrics=None,
+        capacity_adjusted_min_replicas=bounds[0], capacity_adjusted_max_replicas=bounds[1],
+        policy_state=dict(state or {}), last_scale_up_time=None, last_scale_down_time=None,
+        current_time=now, config=None)
+
+
+def _serve_wrapped(policy_dict, app_level=False):
+    # Serve's own path: deserialize the policy, instantiate the class with policy_kwargs,
+    # wrap it with delays/factors (private API of the pinned ray 2.60).
+    from ray.serve._private.autoscaling_state import _resolve_policy_callable
+    from ray.serve.autoscaling_policy import (
+        _apply_app_level_autoscaling_config,
+        _apply_autoscaling_config,
+    )
+
+    policy = ray_config.AutoscalingPolicy(**policy_dict)
+    wrap = _apply_app_level_autoscaling_config if app_level else _apply_autoscaling_config
+    return wrap(_resolve_policy_callable(policy))
+
+
+def test_the_deployment_policy_runs_through_serves_wrapper_and_keeps_its_state():
+    data = serve_policy.autoscaling_config_for("prefill", (1, 16), CONFIG)
+    serve = ray_config.AutoscalingConfig(**data)
+    policy = _serve_wrapped(data["policy"])
+    ctx = _context("prefill", {"queued_prefill_tokens": [30_000.0, 11_000.0],
+                               "ttft_p95_s": [0.3, 0.3]})
+    ctx.config = serve
+    replicas, state = policy(ctx)
+    assert replicas == 3
+    assert state[serve_policy.STATE_KEY]["last_scale_up_s"] == T
+    # Next tick: the state comes back through policy_state; the TTFT breach must wait for
+    # the new replica to start.
+    ctx = _context("prefill", {"queued_prefill_tokens": [10_000.0, 10_000.0],
+                               "ttft_p95_s": [0.9, 0.9]}, target=3, state=state, now=T + 5)
+    ctx.config = serve
+    assert policy(ctx)[0] == 3
+
+
+def test_the_app_policy_entry_validates_in_a_serve_application_config():
+    from ray.serve.schema import ServeApplicationSchema
+
+    entry = serve_policy.app_autoscaling_policy(CONFIG, {"pf": "prefill:v1"})
+    deployment = serve_policy.autoscaling_config_for("prefill", None, CONFIG,
+                                                     deployment_policy=False)
+    app = ServeApplicationSchema(import_path="cluster.app:build", autoscaling_policy=entry,
+                                 deployments=[{"name": "pf", "autoscaling_config": deployment}])
+    assert app.autoscaling_policy["policy_function"].endswith(":AppAutoscalingPolicy")
+    policy = serve_policy.AppAutoscalingPolicy(**app.autoscaling_policy["policy_kwargs"])
+    assert policy.config == CONFIG and policy.deployment_pools == {"pf": "prefill:v1"}
+
+
+def test_the_app_policy_sizes_each_versions_pools_and_leaves_other_deployments_alone():
+    policy = _serve_wrapped(serve_policy.app_autoscaling_policy(CONFIG), app_level=True)
+    serve = ray_config.AutoscalingConfig(
+        **serve_policy.autoscaling_config_for("prefill", (1, 16), CONFIG,
+                                              deployment_policy=False))
+    contexts = {}
+    for name, metrics in [
+        ("prefill", {"queued_prefill_tokens": [40_000.0, 40_000.0],
+                     "prompt_tokens_per_s": [20_000.0, 20_000.0]}),
+        ("decode", {"running_seqs": [100.0, 100.0], "output_tokens_per_s": [2000.0, 2000.0]}),
+        ("prefill-v2", {"queued_prefill_tokens": [0.0, 0.0], "ttft_p95_s": [0.1, 0.1]}),
+        ("router", {}),
+    ]:
+        ctx = _context(name, metrics)
+        ctx.config = serve
+        contexts[ctx.deployment_id] = ctx
+    decisions, states = policy(contexts)
+    by_name = {key.name: value for key, value in decisions.items()}
+    assert "router" not in by_name
+    assert by_name["prefill"] == 4                                 # x2 step from 2
+    assert by_name["decode"] > 2                                   # taken along by the mix
+    assert by_name["prefill-v2"] == 2                              # idle, waits to shrink
+    assert all(serve_policy.STATE_KEY in states[key] for key in decisions)
+
+
+def test_the_app_policy_keeps_its_memory_when_a_version_fails(monkeypatch):
+    policy = serve_policy.AppAutoscalingPolicy(**CONFIG.model_dump(mode="json"))
+    memory = {serve_policy.STATE_KEY: {"last_scale_up_s": T - 10}}
+    ctx = _context("prefill", {}, state=memory)
+    ctx._aggregated_metrics_value = lambda: 1 / 0
+    decisions, states = policy({ctx.deployment_id: ctx})
+    assert decisions == {} and states[ctx.deployment_id] == memory
+    with pytest.raises(ValueError, match="unknown pool"):
+        serve_policy.AppAutoscalingPolicy(deployment_pools={"x": "router"})
+
+
+def test_pools_are_found_by_name_or_by_explicit_mapping():
+    assert serve_policy.pool_of("prefill") == ("prefill", "")
+    assert serve_policy.pool_of("decode-llama-70b") == ("decode", "llama-70b")
+    assert serve_policy.pool_of("decode_v2") == ("decode", "v2")
+    assert serve_policy.pool_of("router") is None
+    assert serve_policy.pool_of("prefiller") is None
+    assert serve_policy.pool_of("pf", {"pf": "prefill:v3"}) == ("prefill", "v3")
+    with pytest.raises(ValueError, match="unknown pool"):
+        serve_policy.pool_of("x", {"x": "router"})
+
+
+def test_each_decision_is_logged_with_its_reason_and_exported(monkeypatch, caplog):
+    recorded = []
+
+    def record(self, spec, tags, value=1.0):
+        recorded.append((spec.name, tags, value))
+
+    monkeypatch.setattr(serve_policy.Recorder, "set", record)
+    monkeypatch.setattr(serve_policy.Recorder, "inc", record)
+    policy = serve_policy.PrefillAutoscalingPolicy(**CONFIG.model_dump(mode="json"))
+    with caplog.at_level("INFO", logger="ray.serve.pdserve.autoscaling"):
+        policy(_context("prefill", {"queued_prefill_tokens": [30_000.0, 11_000.0]}))
+    assert "app/prefill (prefill): 2 -> 3, up: queued prefill tokens 41k > 2 x 16k target" in (
+        caplog.text)
+    tags = {"application": "app", "deployment": "prefill", "pool": "prefill"}
+    assert ("pdserve_autoscaling_desired_replicas", tags, 3) in recorded
+    assert ("pdserve_autoscaling_standby_floor_replicas", tags, 0) in recorded
+    assert ("pdserve_autoscaling_scale_events_total", {**tags, "direction": "up"}, 1.0) in (
+        recorded)
+    from cluster.metrics import CATALOGUE  # the names must not clash with pdserve's others
+
+    assert not {spec.name for spec in CATALOGUE} & {spec.name for spec in serve_policy.EXPORTED}
+
+
+def test_a_failing_metrics_export_never_breaks_scaling(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no metrics agent")
+
+    monkeypatch.setattr(serve_policy.Recorder, "set", broken)
+    monkeypatch.setattr(serve_policy.Recorder, "inc", broken)
+    policy = serve_policy.PrefillAutoscalingPolicy(**CONFIG.model_dump(mode="json"))
+    ctx = _context("prefill", {"queued_prefill_tokens": [40_000.0, 40_000.0]})
+    assert policy(ctx)[0] == 4
+
+
+def test_a_failing_policy_holds_the_current_target():
+    policy = serve_policy.DecodeAutoscalingPolicy(**CONFIG.model_dump(mode="json"))
+    ctx = _context("decode", {}, target=5, state={serve_policy.STATE_KEY: {"x": 1}})
+    ctx._aggregated_metrics_value = lambda: 1 / 0
+    replicas, state = policy(ctx)
+    assert replicas == 5 and state == {serve_policy.STATE_KEY: {"x": 1}}
+
+
+def test_a_disabled_config_holds():
+    policy = serve_policy.PrefillAutoscalingPolicy(
+        **AutoscalingConfig(enabled=False).model_dump(mode="json"))
+    ctx = _context("prefill", {"queued_prefill_tokens": [10**6, 10**6]}, target=2)
+    assert policy(ctx)[0] == 2
+
+
+def test_load_from_metrics_keeps_running_replicas_only_and_marks_missing_values():
+    load = serve_policy.load_from_metrics(
+        {"running_seqs": {"a": 3.0, "gone": 9.0}, "kv_usage": {"b": 0.5}}, ["a", "b"])
+    assert load.total("running_seqs") == 3.0 and load.mean("kv_usage") == 0.5
+    assert load.replicas[1].running_seqs is None
+    assert len(serve_policy.load_from_metrics({"running_seqs": {"a": 1.0}}).replicas) == 1
