@@ -3,7 +3,7 @@ CONFIG ?= ray_configs/local.yaml
 PYTEST_ARGS ?=
 VENV := .venv
 
-.PHONY: setup run test unit lint model clean
+.PHONY: setup run test test-multinode unit lint model clean
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -11,9 +11,14 @@ setup:
 run: setup
 	$(VENV)/bin/pdserve up --config $(CONFIG)
 
+# The multi-node imitation runs a Ray cluster of its own: after the others, never beside.
 test: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -ra $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -ra -m "not multinode" $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -ra -m multinode $(PYTEST_ARGS)
+
+test-multinode: setup
+	$(VENV)/bin/python -m pytest -ra -s -m multinode $(PYTEST_ARGS)
 
 unit: setup
 	$(VENV)/bin/python -m pytest -ra tests/unit $(PYTEST_ARGS)

@@ -6,41 +6,99 @@ Ray's own tooling: ``serve run cluster.app:app_builder config=ray_configs/local.
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
 from typing import Any
 
-from ray.serve import Application
+from ray.serve import Application, Deployment
 
+from cluster.autoscaling.serve_policy import autoscaling_config_for
 from cluster.config import DEFAULT_CONFIG_PATH, PDServeConfig, load_config
-from cluster.engine_config import pool_deployment_options
+from cluster.engine_config import pool_deployment_options, stable_version
 from cluster.tiny_model import ensure_model
 from decode.server import DecodeServer
+from kv_transfer.connector import Role
 from prefill.server import PrefillServer
+from router.request_routers import request_router_config
+from router.rollout import RolloutController
 from router.server import Router
 
 APP_NAME = "pdserve"
 
-# Each pool owns a slice of NIXL side-channel ports on every node (kv_transfer.ports).
-PREFILL_POOL_INDEX = 0
-DECODE_POOL_INDEX = 1
-
 
 def build_app(config: PDServeConfig) -> Application:
-    prefill = PrefillServer.options(
-        name="prefill", **pool_deployment_options(config.prefill)
-    ).bind(config, PREFILL_POOL_INDEX)
-    decode = DecodeServer.options(
-        name="decode", **pool_deployment_options(config.decode)
-    ).bind(config, DECODE_POOL_INDEX)
+    """The router in front of a prefill and a decode deployment per model version.
+
+    Deployments are named ``prefill-<version>`` and ``decode-<version>``, so a version
+    added to or removed from the config is a deployment added or removed, and the others
+    keep running (and keep their streams) through ``serve deploy``.
+    """
+    pools = {
+        version: {
+            role: _engine_deployment(config, version, role).bind(config, version)
+            for role in ("prefill", "decode")
+        }
+        for version in config.versions
+    }
+    rollout = None
+    if config.canary is not None:
+        rollout = RolloutController.options(
+            name="rollout", num_replicas=1, ray_actor_options={"num_cpus": 0}
+        ).bind(config)
     return Router.options(
         name="router",
         num_replicas=config.router.replicas,
         max_ongoing_requests=config.router.max_ongoing_requests,
+        graceful_shutdown_timeout_s=config.router.drain_timeout_s,
         ray_actor_options={"num_cpus": config.router.num_cpus},
-    ).bind(config, prefill, decode)
+    ).bind(config, pools, rollout)
+
+
+def _engine_deployment(config: PDServeConfig, version: str, role: Role) -> Deployment:
+    server = PrefillServer if role == "prefill" else DecodeServer
+    pool = config.pool(version, role)
+    bounds = config.scaling_bounds(version, role)
+    scaling = None if bounds is None else autoscaling_config_for(
+        role, bounds, config.autoscaling, initial_replicas=pool.replicas)
+    deployment = server.options(
+        name=f"{role}-{version}", **pool_deployment_options(pool, scaling),
+        # prefix affinity (prefill) and least-loaded (decode) instead of power-of-two
+        request_router_config=request_router_config(role, config.engine.block_size),
+    )
+    # Serve's public API no longer takes a version; without one, every deploy restarts
+    # every engine. test_rollout checks that an unchanged engine keeps its replica.
+    deployment._version = stable_version(config, version, role, _code_version())
+    return deployment
+
+
+# What an engine replica runs: a change here must replace the engine replicas.
+ENGINE_SOURCES = (
+    "cluster/config.py", "cluster/strict.py", "cluster/autoscaling/config.py",
+    "cluster/load_report.py", "cluster/engine_config.py", "cluster/engine_host.py",
+    "cluster/engine_stats.py", "cluster/messages.py", "cluster/metrics.py",
+    "cluster/replica.py", "cluster/routing_stats.py", "prefill", "decode", "kv_transfer",
+)
+
+
+def _code_version() -> str:
+    """A digest of the engine side's source: new code means new engine replicas."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for name in ENGINE_SOURCES:
+        path = root / name
+        for source in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            digest.update(source.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def ensure_models(config: PDServeConfig) -> None:
+    """Generate every version's tiny development model that is missing (dev configs)."""
+    for version in config.versions.values():
+        ensure_model(version.path, version.generate)
 
 
 def app_builder(args: dict[str, Any]) -> Application:
     """Entry point for ``serve run`` / ``serve deploy`` (args: ``config=<path>``)."""
     config = load_config(args.get("config", DEFAULT_CONFIG_PATH))
-    ensure_model(config.model.path, config.model.generate)
+    ensure_models(config)
     return build_app(config)

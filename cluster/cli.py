@@ -2,7 +2,9 @@
 
 ``pdserve up``     start (or join) a Ray cluster and serve the config's application until
                    Ctrl-C / SIGTERM, then shut everything down.
-``pdserve model``  generate the tiny local model named by the config, if it is missing.
+``pdserve deploy`` roll a changed config out to the running cluster and return; streams
+                   in flight finish on the replicas they started on.
+``pdserve model``  generate the tiny local models named by the config, if missing.
 ``pdserve config`` validate a config file and print it with all defaults filled in.
 ``pdserve dashboard``  print the Grafana dashboard of pdserve's metrics (JSON).
 ``pdserve bench``  load generation and comparisons (``pdserve bench --help``).
@@ -24,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     for name, help_text in [
         ("up", "serve the application until interrupted"),
-        ("model", "generate the local tiny model if missing"),
+        ("deploy", "roll a changed config out to the running cluster"),
+        ("model", "generate the local tiny models if missing"),
         ("config", "validate a config and print it with defaults"),
     ]:
         sub = commands.add_parser(name, help=help_text)
@@ -48,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"pdserve: {error}", file=sys.stderr)
         return 2
-    return {"up": _up, "model": _model, "config": _show_config}[args.command](config)
+    commands = {"up": _up, "deploy": _deploy, "model": _model, "config": _show_config}
+    return commands[args.command](config)
 
 
 def _show_config(config: PDServeConfig) -> int:
@@ -61,12 +65,41 @@ def _show_config(config: PDServeConfig) -> int:
 def _model(config: PDServeConfig) -> int:
     from cluster.tiny_model import ensure_model
 
-    try:
-        path = ensure_model(config.model.path, config.model.generate)
-    except FileNotFoundError as error:
-        print(f"pdserve: {error}", file=sys.stderr)
+    for name, version in config.versions.items():
+        try:
+            path = ensure_model(version.path, version.generate)
+        except FileNotFoundError as error:
+            print(f"pdserve: {error}", file=sys.stderr)
+            return 2
+        print(f"model of version {name} ready at {path}")
+    return 0
+
+
+def _deploy(config: PDServeConfig) -> int:
+    """Apply ``config`` to the cluster that `pdserve up` (or `ray up`) runs.
+
+    Deployments whose own settings did not change keep their replicas (engines are not
+    restarted, cluster.app.stable_version); changed ones are replaced replica by replica,
+    and a replaced replica finishes its in-flight requests first.
+    """
+    if _model(config) != 0:
         return 2
-    print(f"model ready at {path}")
+    import ray
+    from ray import serve
+
+    from cluster.app import APP_NAME, build_app
+
+    ray.init(address=config.ray.address or "auto", logging_level="warning")
+    print(f"pdserve: deploying to the cluster at {ray.get_runtime_context().gcs_address}",
+          flush=True)
+    try:
+        serve.run(build_app(config), name=APP_NAME, route_prefix="/", blocking=False)
+    except RuntimeError as error:
+        print(f"pdserve: the new config failed to deploy: {error}", file=sys.stderr)
+        return 1
+    finally:
+        ray.shutdown()
+    print("pdserve: deployed", flush=True)
     return 0
 
 
@@ -86,17 +119,28 @@ def _up(config: PDServeConfig) -> int:
 
     from cluster.app import APP_NAME, build_app
 
-    stop = threading.Event()
+    serving, stop = threading.Event(), threading.Event()
+
+    def on_signal(*_) -> None:
+        # While deployments start, serve.run blocks: interrupt it; once serving, wake up.
+        if not serving.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+        signal.signal(signum, on_signal)
 
     _start_ray(config)
     try:
         serve.start(http_options={"host": config.router.host, "port": config.router.port})
         serve.run(build_app(config), name=APP_NAME, route_prefix="/", blocking=False)
+        serving.set()
         _print_banner(config)
         stop.wait()
         print("pdserve: shutting down", flush=True)
+    except KeyboardInterrupt:
+        print("pdserve: interrupted while starting; shutting down", flush=True)
+        return 130
     except RuntimeError as error:  # a deployment failed to start
         print(f"pdserve: the application failed to start: {error}", file=sys.stderr)
         return 1

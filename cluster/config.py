@@ -11,29 +11,30 @@ This module is pure: pydantic and yaml only (no Ray, vLLM, torch or HTTP).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
     field_validator,
     model_validator,
 )
 
+from cluster.autoscaling.config import AutoscalingConfig, ReplicaBounds
+from cluster.strict import _Strict
+
 DEFAULT_CONFIG_PATH = Path("ray_configs/local.yaml")
+
+# Version names become parts of deployment names and metric labels.
+VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.]{0,31}$"
 
 
 class ConfigError(ValueError):
     """The configuration file is missing, unreadable or invalid."""
-
-
-class _Strict(BaseModel):
-    # A misspelt key is a bug in the config file, not something to ignore silently.
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class TinyModelSpec(_Strict):
@@ -58,13 +59,20 @@ class TinyModelSpec(_Strict):
 
 
 class ModelConfig(_Strict):
-    """The served model: the name clients use and the Hugging Face directory behind it."""
+    """A single-version cluster in short: the served name and the one version behind it.
+
+    ``model: {name, path, generate}`` is the same as ``versions: {<version>: {path,
+    generate}}`` plus ``served_models: {<name>: {<version>: 100}}``. In a multi-version
+    config it is derived: the first served name and its heaviest version (what the
+    benchmark and the reference server use).
+    """
 
     name: str = Field(min_length=1, description="served model name (the `model` field)")
     path: Path = Field(description="local Hugging Face model directory (weights + tokenizer)")
     generate: TinyModelSpec | None = Field(
         None, description="generate a tiny random model at `path` if it is missing (dev only)"
     )
+    version: str = Field("v1", pattern=VERSION_PATTERN, description="the version's name")
 
     @field_validator("path")
     @classmethod
@@ -110,6 +118,34 @@ class PoolConfig(_Strict):
         default_factory=dict, description="environment of the engine, e.g. CPU thread binding"
     )
     max_ongoing_requests: int = Field(256, ge=1)
+    min_replicas: int | None = Field(
+        None, ge=0, description="autoscaling bounds of this pool (default: autoscaling's)")
+    max_replicas: int | None = Field(None, ge=1)
+    drain_timeout_s: float = Field(
+        300, gt=0, description="a replica leaving (scale-down, rollout) finishes its "
+        "in-flight requests for at most this long"
+    )
+    max_num_batched_tokens: int | None = Field(
+        None, gt=0,
+        description="token cap of one engine step for this pool; prompts longer than it are "
+        "prefilled in chunks (chunked prefill), so one long prompt cannot stall a step",
+    )
+
+
+class VersionConfig(_Strict):
+    """One model version: its weights and, optionally, pools sized apart from the default."""
+
+    path: Path = Field(description="local Hugging Face model directory (weights + tokenizer)")
+    generate: TinyModelSpec | None = Field(
+        None, description="generate a tiny random model at `path` if it is missing (dev only)"
+    )
+    prefill: PoolConfig | None = Field(None, description="this version's prefill pool")
+    decode: PoolConfig | None = Field(None, description="this version's decode pool")
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, path: Path) -> Path:
+        return path.expanduser().absolute()
 
 
 class KVTransferConfig(_Strict):
@@ -125,6 +161,11 @@ class KVTransferConfig(_Strict):
     )
     side_channel_host: str | None = Field(
         None, description="address peers use to reach an engine; default: the Ray node IP"
+    )
+    port_rank: Literal["node", "pool"] = Field(
+        "node", description="which replica rank picks a side-channel port: its rank on its "
+        "node, or in its pool (when several Ray nodes share an IP, as in the fake "
+        "multi-node cluster)",
     )
     backends: list[str] = Field(default_factory=lambda: ["UCX"])
     progress_thread: bool = Field(
@@ -149,6 +190,54 @@ class AdmissionConfig(_Strict):
     )
     max_wait_s: float = Field(30, gt=0, description="longest wait before 503")
     retry_after_s: int = Field(1, ge=1, description="Retry-After of 429 and 503 answers")
+    long_prompt_tokens: int | None = Field(
+        None, ge=1, description="prompts at least this long take the long lane (None: no lane)"
+    )
+    long_lane_share: float = Field(
+        0.5, gt=0, le=1, description="share of token_budget the long lane may hold at once"
+    )
+
+
+class AuthConfig(_Strict):
+    """Optional API-key authentication: on when any key is configured."""
+
+    api_keys: list[SecretStr] = Field(
+        default_factory=list, description="accepted keys (prefer api_keys_env in production)"
+    )
+    api_keys_env: str | None = Field(
+        "PDSERVE_API_KEYS", description="env var with further comma-separated accepted keys"
+    )
+
+
+class CanaryConfig(_Strict):
+    """A canary rollout of one served name: the gate steps the candidate's share up."""
+
+    served_model: str = Field(min_length=1, description="the served name being rolled out")
+    baseline: str = Field(description="the version serving today")
+    candidate: str = Field(description="the version being rolled out")
+    steps: list[int] = Field(default_factory=lambda: [5, 25, 50, 100],
+                             description="candidate shares (percent), one per promotion")
+    window_s: float = Field(300, gt=0, description="outcomes compared over this window")
+    min_requests: int = Field(50, ge=1, description="candidate requests needed to decide")
+    max_error_rate_delta: float = Field(
+        0.01, ge=0, description="roll back when the candidate's error rate exceeds the "
+        "baseline's by more than this (absolute)"
+    )
+    max_ttft_p95_ratio: float = Field(1.2, gt=0, description="roll back above this ratio")
+    max_itl_p95_ratio: float = Field(1.2, gt=0, description="roll back above this ratio")
+    interval_s: float = Field(10, gt=0, description="how often the gate decides")
+    evaluation_command: list[str] | None = Field(
+        None, description="argv run before each promotion; a non-zero exit vetoes it"
+    )
+    evaluation_timeout_s: float = Field(600, gt=0)
+    rollback_on_veto: bool = False
+
+    @field_validator("steps")
+    @classmethod
+    def _increasing(cls, steps: list[int]) -> list[int]:
+        if not steps or steps != sorted(set(steps)) or steps[0] <= 0 or steps[-1] != 100:
+            raise ValueError("steps must rise strictly from above 0 to 100")
+        return steps
 
 
 class RouterConfig(_Strict):
@@ -159,6 +248,10 @@ class RouterConfig(_Strict):
     num_cpus: float = Field(0, ge=0)
     replicas: int = Field(1, ge=1)
     max_ongoing_requests: int = Field(1024, ge=1)
+    drain_timeout_s: float = Field(
+        300, gt=0, description="a router replica being replaced finishes its streams for "
+        "at most this long"
+    )
     default_max_tokens: int = Field(256, ge=1, description="used when a request sets none")
     disaggregation_threshold_tokens: int = Field(
         0, ge=0,
@@ -166,6 +259,7 @@ class RouterConfig(_Strict):
         "(0: every request goes through the prefill pool)",
     )
     admission: AdmissionConfig = AdmissionConfig()
+    auth: AuthConfig = AuthConfig()
 
 
 class RayConfig(_Strict):
@@ -183,9 +277,23 @@ class RayConfig(_Strict):
 
 
 class PDServeConfig(_Strict):
-    """The whole cluster."""
+    """The whole cluster.
+
+    Either ``model`` (one version) or ``versions`` + ``served_models`` (several versions
+    at once, weighted per served name) describe what is served; after validation both are
+    filled in (see ``_one_version_in_short``).
+    """
 
     model: ModelConfig
+    versions: dict[str, VersionConfig] = Field(
+        description="model versions, each with its own prefill and decode deployments"
+    )
+    served_models: dict[str, dict[str, int]] = Field(
+        description="served name -> {version: weight}, e.g. chat: {v1: 95, v2: 5}"
+    )
+    canary: CanaryConfig | None = None
+    autoscaling: AutoscalingConfig | None = Field(
+        None, description="size each pool by its own policy (None: fixed `replicas`)")
     engine: EngineConfig = EngineConfig()
     prefill: PoolConfig = PoolConfig()
     decode: PoolConfig = PoolConfig()
@@ -193,15 +301,79 @@ class PDServeConfig(_Strict):
     router: RouterConfig = RouterConfig()
     ray: RayConfig = RayConfig()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_version_in_short(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        model, versions = data.get("model"), data.get("versions")
+        if model is not None and versions is None:
+            if not isinstance(model, dict):
+                return data
+            version = model.get("version", "v1")
+            data["versions"] = {version: {k: model[k] for k in ("path", "generate")
+                                          if k in model}}
+            data.setdefault("served_models", {model.get("name"): {version: 100}})
+        elif model is None and isinstance(versions, dict) and versions:
+            data["model"] = _primary_model(versions, data.get("served_models"))
+        return data
+
+    @model_validator(mode="after")
+    def _served_models_name_versions(self) -> PDServeConfig:
+        for name, weights in self.served_models.items():
+            unknown = sorted(set(weights) - set(self.versions))
+            if unknown:
+                raise ValueError(f"served_models.{name} names unknown versions {unknown}")
+            if any(w < 0 for w in weights.values()) or not any(weights.values()):
+                raise ValueError(f"served_models.{name}: weights must be >= 0, one > 0")
+        for version in self.versions:
+            if not re.match(VERSION_PATTERN, version):
+                raise ValueError(f"version name {version!r} must match {VERSION_PATTERN}")
+        if self.canary is not None:
+            canary = self.canary
+            weights = self.served_models.get(canary.served_model)
+            if weights is None or set(weights) != {canary.baseline, canary.candidate}:
+                raise ValueError("canary: served_model must map to exactly the baseline "
+                                 "and the candidate in served_models")
+            share = 100 * weights[canary.candidate] / sum(weights.values())
+            if share != 0 and share not in canary.steps:
+                raise ValueError(f"canary: the candidate's share ({share:g}%) must be 0 or "
+                                 f"one of the steps {canary.steps}")
+        return self
+
+    def pool(self, version: str, role: str) -> PoolConfig:
+        """The pool of ``role`` ('prefill' or 'decode') that serves ``version``."""
+        own = getattr(self.versions[version], role)
+        return own if own is not None else getattr(self, role)
+
+    def scaling_bounds(self, version: str, role: str) -> ReplicaBounds | None:
+        """The replica bounds of a version's pool under autoscaling (None: fixed size)."""
+        if self.autoscaling is None or not self.autoscaling.enabled:
+            return None
+        pool = self.pool(version, role)
+        default = getattr(self.autoscaling, role).bounds
+        return ReplicaBounds(
+            min_replicas=default.min_replicas if pool.min_replicas is None
+            else pool.min_replicas,
+            max_replicas=default.max_replicas if pool.max_replicas is None
+            else pool.max_replicas,
+        )
+
+    def pool_index(self, version: str, role: str) -> int:
+        """A stable small number per (version, role): its slice of side-channel ports."""
+        return 2 * list(self.versions).index(version) + (0 if role == "prefill" else 1)
+
     @model_validator(mode="after")
     def _context_fits_generated_model(self) -> PDServeConfig:
-        spec = self.model.generate
-        if spec is not None and self.engine.max_model_len > spec.max_position_embeddings:
-            raise ValueError(
-                f"engine.max_model_len ({self.engine.max_model_len}) exceeds the generated "
-                f"model's model.generate.max_position_embeddings "
-                f"({spec.max_position_embeddings})"
-            )
+        for name, version in self.versions.items():
+            spec = version.generate
+            if spec is not None and self.engine.max_model_len > spec.max_position_embeddings:
+                raise ValueError(
+                    f"engine.max_model_len ({self.engine.max_model_len}) exceeds the "
+                    f"generated model's max_position_embeddings "
+                    f"({spec.max_position_embeddings}) of version {name}"
+                )
         return self
 
     @model_validator(mode="after")
@@ -209,14 +381,28 @@ class PDServeConfig(_Strict):
         # KV blocks are copied verbatim between pools, so anything that shapes a block
         # must be identical on both sides.
         layout_keys = {"block_size", "dtype", "max_model_len", "kv_cache_dtype"}
-        for pool_name in ("prefill", "decode"):
-            clash = layout_keys & getattr(self, pool_name).engine_overrides.keys()
-            if clash:
-                raise ValueError(
-                    f"{pool_name}.engine_overrides may not set {sorted(clash)}: both pools "
-                    "must use the same KV layout; set it under `engine`"
-                )
+        for version in self.versions:
+            for pool_name in ("prefill", "decode"):
+                clash = layout_keys & self.pool(version, pool_name).engine_overrides.keys()
+                if clash:
+                    raise ValueError(
+                        f"{pool_name}.engine_overrides may not set {sorted(clash)}: both "
+                        "pools must use the same KV layout; set it under `engine`"
+                    )
         return self
+
+
+def _primary_model(versions: dict, served_models: Any) -> dict:
+    """The derived ``model`` of a multi-version config: first served name, heaviest version."""
+    if not isinstance(served_models, dict) or not served_models:
+        raise ValueError("a config with `versions` needs `served_models`")
+    name, weights = next(iter(served_models.items()))
+    version = max(weights, key=lambda v: weights[v]) if isinstance(weights, dict) else None
+    spec = versions.get(version) if version is not None else None
+    if not isinstance(spec, dict):
+        raise ValueError(f"served_models.{name} must map to declared versions")
+    return {"name": name, "version": version,
+            **{k: spec[k] for k in ("path", "generate") if k in spec}}
 
 
 def format_validation_error(error: ValidationError) -> str:

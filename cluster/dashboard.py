@@ -92,6 +92,18 @@ def build_dashboard() -> dict[str, Any]:
             "expr": f"sum (rate({m.REQUESTS.exported_name}{ok}[{_RATE}]))",
             "legendFormat": "ok/s"}], "reqps", ""),
         ("Queue time before dispatch", _quantiles(m.QUEUE), "s", ""),
+        ("Canary share of traffic", [{
+            "expr": f"max by (model, version) ({m.CANARY_PERCENT.exported_name})",
+            "legendFormat": "{{model}} {{version}}"}], "percent",
+         "The canary gate steps the candidate up, or rolls it back to 0"),
+        ("Autoscaling: decided vs live replicas", [{
+            "expr": f"max by (deployment) ({m.DESIRED_REPLICAS.exported_name})",
+            "legendFormat": "decided {{deployment}}"}, {
+            "expr": f"max by (deployment) ({m.STANDBY_FLOOR.exported_name})",
+            "legendFormat": "standby floor {{deployment}}"}, {
+            "expr": f"sum by (pool, version) ({m.REPLICAS.exported_name})",
+            "legendFormat": "live {{pool}} {{version}}"}], "none",
+         "Each pool's own policy; the floor comes from the standby schedule"),
     ]
     panels = [
         _panel(i + 1, title, targets, unit, x=12 * (i % 2), y=8 * (i // 2),

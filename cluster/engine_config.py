@@ -7,6 +7,8 @@ a pool may override other arguments (``engine_overrides``) and add environment
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from cluster.config import PDServeConfig, PoolConfig
@@ -14,19 +16,18 @@ from kv_transfer.connector import Role
 from kv_transfer.vllm_plugin import PROGRESS_THREAD_ENV
 
 
-def pool_config(config: PDServeConfig, role: Role) -> PoolConfig:
-    return config.prefill if role == "prefill" else config.decode
-
-
 def engine_kwargs(
-    config: PDServeConfig, role: Role, kv_transfer_config: dict[str, Any] | None
+    config: PDServeConfig, role: Role, kv_transfer_config: dict[str, Any] | None,
+    version: str | None = None,
 ) -> dict[str, Any]:
-    """Keyword arguments of vLLM's ``AsyncEngineArgs`` for a replica of ``role``."""
+    """Keyword arguments of vLLM's ``AsyncEngineArgs`` for a replica of ``role`` serving
+    ``version`` (default: the primary model's version)."""
     engine = config.engine
-    pool = pool_config(config, role)
+    version = version or config.model.version
+    pool = config.pool(version, role)
     kwargs: dict[str, Any] = {
-        "model": str(config.model.path),
-        "served_model_name": config.model.name,
+        "model": str(config.versions[version].path),
+        "served_model_name": version,
         "dtype": engine.dtype,
         "max_model_len": engine.max_model_len,
         "block_size": engine.block_size,
@@ -39,8 +40,10 @@ def engine_kwargs(
         # pdserve reads the engine's statistics for its own metrics and routing.
         "disable_log_stats": False,
     }
-    if engine.max_num_batched_tokens is not None:
-        kwargs["max_num_batched_tokens"] = engine.max_num_batched_tokens
+    step_cap = pool.max_num_batched_tokens or engine.max_num_batched_tokens
+    if step_cap is not None:
+        kwargs["max_num_batched_tokens"] = step_cap
+        kwargs["enable_chunked_prefill"] = True
     if kv_transfer_config is not None:
         kwargs["kv_transfer_config"] = kv_transfer_config
     kwargs.update(engine.extra)
@@ -49,7 +52,8 @@ def engine_kwargs(
 
 
 def engine_env(
-    config: PDServeConfig, role: Role, side_channel_host: str, side_channel_port: int
+    config: PDServeConfig, role: Role, side_channel_host: str, side_channel_port: int,
+    version: str | None = None,
 ) -> dict[str, str]:
     """Environment the engine's processes must inherit (set before the engine starts)."""
     env = {
@@ -62,7 +66,7 @@ def engine_env(
         env[PROGRESS_THREAD_ENV] = "0"
     if config.kv_transfer.ucx_tls:
         env["UCX_TLS"] = config.kv_transfer.ucx_tls
-    env.update(pool_config(config, role).env)
+    env.update(config.pool(version or config.model.version, role).env)
     return env
 
 
@@ -70,18 +74,26 @@ def _gib_str(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
 
-def pool_deployment_options(pool: PoolConfig) -> dict[str, Any]:
+def pool_deployment_options(
+    pool: PoolConfig, autoscaling_config: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Ray Serve deployment options of a pool's replicas.
 
+    With ``autoscaling_config`` (cluster.autoscaling.serve_policy.autoscaling_config_for)
+    the pool's policy sizes it, starting from ``replicas``; without, it has ``replicas``.
     A replica with tensor parallelism needs all its accelerators on one node: it gets a
     placement group of one bundle for the replica plus one per TP worker, packed strictly.
     """
+    sizing: dict[str, Any] = ({"num_replicas": pool.replicas} if autoscaling_config is None
+                              else {"autoscaling_config": autoscaling_config})
     options: dict[str, Any] = {
-        "num_replicas": pool.replicas,
+        **sizing,
         "max_ongoing_requests": pool.max_ongoing_requests,
         # Engines start in tens of seconds (minutes for a 70B model on GPUs).
         "health_check_period_s": 10,
         "health_check_timeout_s": 60,
+        # A replica being replaced or scaled down finishes its streams first.
+        "graceful_shutdown_timeout_s": pool.drain_timeout_s,
     }
     if pool.tensor_parallel_size == 1:
         options["ray_actor_options"] = {
@@ -99,3 +111,24 @@ def pool_deployment_options(pool: PoolConfig) -> dict[str, Any]:
     ]
     options["placement_group_strategy"] = "STRICT_PACK"
     return options
+
+
+def stable_version(config: PDServeConfig, version: str, role: Role, code_version: str) -> str:
+    """A deployment version for Serve that changes only with what the engine depends on.
+
+    Serve gives every deployment a fresh random version on each deploy, which would
+    restart every engine (minutes on GPUs) when only, say, a router setting changed. With
+    this digest, ``pdserve deploy`` replaces an engine deployment's replicas only when its
+    model, engine arguments, pool, KV transfer or the installed pdserve changed.
+    """
+    relevant = {
+        "version": version,
+        "role": role,
+        "code": code_version,
+        "model": config.versions[version].model_dump(mode="json", exclude={"prefill",
+                                                                            "decode"}),
+        "engine": config.engine.model_dump(mode="json"),
+        "pool": config.pool(version, role).model_dump(mode="json"),
+        "kv_transfer": config.kv_transfer.model_dump(mode="json"),
+    }
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]

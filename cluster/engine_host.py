@@ -8,9 +8,11 @@ side-channel port), converts pdserve messages to vLLM objects, and keeps
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -18,7 +20,9 @@ from cluster import metrics as m
 from cluster.config import PDServeConfig
 from cluster.engine_config import engine_env, engine_kwargs
 from cluster.engine_stats import EngineStats
+from cluster.load_report import LoadReporter
 from cluster.messages import EngineRequest, SamplingSpec
+from cluster.routing_stats import routing_stats_from
 from kv_transfer.connector import Role, connector_config, engine_id_for
 
 logger = logging.getLogger(__name__)
@@ -36,6 +40,7 @@ class EngineHost:
                  recorder: m.Recorder | None = None, tags: dict[str, str] | None = None):
         self._engine = engine
         self.stats = stats
+        self.load = LoadReporter(stats.role)
         self._stop = threading.Event()
         if recorder is not None and tags is not None:
             threading.Thread(target=self._refresh_gauges, args=(recorder, tags),
@@ -54,13 +59,16 @@ class EngineHost:
         replica_id: str,
         side_channel_host: str,
         side_channel_port: int,
+        version: str,
     ) -> EngineHost:
-        """Start an engine of ``role``. Blocks until the engine is ready (tens of seconds)."""
+        """Start an engine of ``role`` serving ``version``. Blocks until it is ready (tens
+        of seconds)."""
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         # The engine core runs in child processes that read these at their start.
-        os.environ.update(engine_env(config, role, side_channel_host, side_channel_port))
+        os.environ.update(
+            engine_env(config, role, side_channel_host, side_channel_port, version))
         engine_id = engine_id_for(role, replica_id, side_channel_host, side_channel_port)
         kv_config = connector_config(
             role,
@@ -69,9 +77,9 @@ class EngineHost:
             buffer_device=config.kv_transfer.buffer_device,
             backends=config.kv_transfer.backends,
         )
-        args = AsyncEngineArgs(**engine_kwargs(config, role, kv_config))
+        args = AsyncEngineArgs(**engine_kwargs(config, role, kv_config, version))
         stats = EngineStats(role=role, engine_id=engine_id)
-        tags = {"model": config.model.name, "pool": role, "replica": engine_id}
+        tags = {"version": version, "pool": role, "replica": engine_id}
         recorder = m.Recorder()
         engine = AsyncLLM.from_engine_args(
             args, stat_loggers=[_stats_logger_factory(stats, recorder, tags)]
@@ -93,8 +101,43 @@ class EngineHost:
 
         params = _sampling_params(request.sampling, kv_transfer_params, max_tokens, stream_deltas)
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
-        async for output in self._engine.generate(prompt, params, request.request_id):
-            yield output
+        # Until its first output a request's prompt is queued or being prefilled: the load
+        # the prefill pool's router balances on (cluster.routing_stats).
+        prompt_tokens = len(request.prompt_token_ids)
+        self.stats.queued_prefill_tokens += prompt_tokens
+        queued = True
+        last = time.monotonic()
+        try:
+            async for output in self._engine.generate(prompt, params, request.request_id):
+                now = time.monotonic()
+                if queued:
+                    self.stats.queued_prefill_tokens -= prompt_tokens
+                    queued = False
+                    if self.stats.role == "prefill":  # this pool's share of TTFT
+                        self.load.latency.observe(now, now - last)
+                elif self.stats.role == "decode":
+                    new_tokens = len(output.outputs[0].token_ids) if output.outputs else 0
+                    if new_tokens:  # tokens that arrive together share the gap
+                        self.load.latency.observe(now, (now - last) / new_tokens)
+                last = now
+                yield output
+        finally:
+            if queued:
+                self.stats.queued_prefill_tokens -= prompt_tokens
+
+    async def wait_released(self, timeout_s: float, poll_s: float = 0.2) -> bool:
+        """Wait until the engine holds no KV block and queues nothing (a prefill engine's
+        blocks are held until decode engines have pulled them); False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while self.stats.kv_cache_usage > 0 or self.stats.queued_prefill_tokens > 0:
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(poll_s)
+        return True
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self._engine.vllm_config.scheduler_config.max_num_seqs
 
     async def abort(self, request_id: str) -> None:
         await self._engine.abort(request_id)
@@ -206,25 +249,44 @@ class EngineReplica:
 
     role: Role
 
-    def __init__(self, config: PDServeConfig, pool_index: int):
+    def __init__(self, config: PDServeConfig, version: str):
         from cluster.replica import current_replica_identity
 
-        identity = current_replica_identity(config, pool_index)
+        identity = current_replica_identity(config, config.pool_index(version, self.role))
+        self._drain_timeout_s = config.pool(version, self.role).drain_timeout_s
         self._host = EngineHost.start(
             config,
             self.role,
             replica_id=identity.replica_id,
             side_channel_host=identity.side_channel_host,
             side_channel_port=identity.side_channel_port,
+            version=version,
         )
 
     async def stats(self) -> dict:
         return self._host.stats.snapshot()
 
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """This replica's load for the pool's autoscaling policy (Serve polls it)."""
+        return self._host.load.report(self._host.stats, time.monotonic())
+
+    async def record_routing_stats(self) -> dict:
+        """This replica's load for the pool's request router (Serve polls it every ~1 s)."""
+        return routing_stats_from(self._host.stats, max_num_seqs=self._host.max_num_seqs,
+                                  reported_at=time.time())
+
     async def check_health(self) -> None:
         await self._host.check_health()
 
-    def __del__(self) -> None:
+    async def __del__(self) -> None:
+        """Serve's graceful shutdown (scale-down, rollout); Serve has already let in-flight
+        requests finish. A prefill replica also keeps its engine until decode engines have
+        pulled the KV blocks it holds for them, so a scale-down loses no request."""
         host = getattr(self, "_host", None)
-        if host is not None:
-            host.shutdown()
+        if host is None:
+            return
+        self._host = None
+        if self.role == "prefill" and not await host.wait_released(self._drain_timeout_s):
+            logger.warning("prefill replica stopping with KV blocks still unclaimed after "
+                           "%.0fs", self._drain_timeout_s)
+        host.shutdown()

@@ -19,6 +19,7 @@ class EngineStats:
     kv_cache_usage: float = 0.0
     num_running: int = 0
     num_waiting: int = 0
+    queued_prefill_tokens: int = 0  # prompt tokens of requests not yet past their prefill
     # counters: prompt tokens by where their KV came from
     prompt_tokens_computed: int = 0
     prompt_tokens_cached: int = 0
@@ -59,7 +60,8 @@ class EngineStats:
     def is_idle(self) -> bool:
         """No request running or waiting, and no KV block held (prefix-cache blocks that
         are free to evict do not count as held)."""
-        return self.num_running == 0 and self.num_waiting == 0 and self.kv_cache_usage == 0
+        return (self.num_running == 0 and self.num_waiting == 0 and self.kv_cache_usage == 0
+                and self.queued_prefill_tokens == 0)
 
     def snapshot(self) -> dict[str, float | int | str | bool]:
         return {**asdict(self), "is_idle": self.is_idle}

@@ -27,7 +27,7 @@ LATENCY_BUCKETS = (
 TRANSFER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 REQUEST_TAGS = ("model", "version", "path")
-POOL_TAGS = ("model", "pool", "replica")
+POOL_TAGS = ("version", "pool", "replica")
 
 Kind = Literal["counter", "gauge", "histogram"]
 Outcome = Literal["ok", "client_error", "rejected", "failed", "cancelled"]
@@ -90,10 +90,34 @@ KV_TRANSFER_FAILURES = MetricSpec("pdserve_kv_transfer_failures_total", "counter
                                   "Failed NIXL transfers, handshakes and notifications",
                                   POOL_TAGS)
 
+# --- canary rollouts (recorded by the rollout controller) -------------------------------
+CANARY_PERCENT = MetricSpec("pdserve_canary_percent", "gauge",
+                            "Share of a served model's traffic each version gets (0..100)",
+                            ("model", "version"))
+CANARY_DECISIONS = MetricSpec("pdserve_canary_decisions_total", "counter",
+                              "Canary gate decisions (promote, hold, rollback)",
+                              ("model", "action"))
+
+# --- autoscaling (recorded by the pools' policies in the Serve controller) --------------
+_SCALING_TAGS = ("application", "deployment", "pool")
+DESIRED_REPLICAS = MetricSpec("pdserve_autoscaling_desired_replicas", "gauge",
+                              "Replicas the pdserve policy decided for the pool", _SCALING_TAGS)
+STANDBY_FLOOR = MetricSpec("pdserve_autoscaling_standby_floor_replicas", "gauge",
+                           "Standby floor of the schedule in force (0: none)", _SCALING_TAGS)
+# Serve calls a policy every control-loop tick (0.1 s): only changes are counted.
+SCALE_EVENTS = MetricSpec("pdserve_autoscaling_scale_events_total", "counter",
+                          "Scale-ups and scale-downs the pdserve policy decided",
+                          (*_SCALING_TAGS, "direction"))
+PREFILL_PER_DECODE = MetricSpec("pdserve_autoscaling_prefill_per_decode", "gauge",
+                                "Prefill:decode replica ratio the token mix asks for",
+                                ("application",))
+
 CATALOGUE: tuple[MetricSpec, ...] = (
     TTFT, ITL, E2E, QUEUE, REQUESTS, PROMPT_TOKENS, GENERATION_TOKENS,
     REPLICAS, RUNNING, WAITING, KV_USAGE, ENGINE_PROMPT_TOKENS, ENGINE_GENERATION_TOKENS,
     KV_TRANSFER_SECONDS, KV_TRANSFER_BYTES, KV_TRANSFER_FAILURES,
+    CANARY_PERCENT, CANARY_DECISIONS,
+    DESIRED_REPLICAS, STANDBY_FLOOR, SCALE_EVENTS, PREFILL_PER_DECODE,
 )
 
 

@@ -23,8 +23,9 @@ def current_replica_identity(config: PDServeConfig, pool_index: int) -> ReplicaI
     context = serve.get_replica_context()
     kv = config.kv_transfer
     plan = PortPlan(base_port=kv.side_channel_base_port, span=kv.side_channel_port_span)
+    rank = context.rank.local_rank if kv.port_rank == "node" else context.rank.rank
     return ReplicaIdentity(
         replica_id=context.replica_id.unique_id,
         side_channel_host=kv.side_channel_host or ray.util.get_node_ip_address(),
-        side_channel_port=side_channel_port(plan, pool_index, context.rank.local_rank),
+        side_channel_port=side_channel_port(plan, pool_index, rank),
     )

@@ -10,6 +10,11 @@ queue refuses at once (429) and a request that waited longer than the maximum is
 (503). Both refusals carry a Retry-After. Overload thus queues or refuses instead of
 pushing engines into preemption or out of memory.
 
+Long prompts take a lane of their own: together they may hold at most ``long_budget``
+tokens, and they wait in queues apart from the same key's short requests. A burst of
+8K-token prompts therefore never takes the whole budget, and the short chats behind it
+are not held up waiting for one to finish.
+
 The controller holds no clock and no asyncio: the shell passes ``now`` in and resolves
 the waiters it returns, so a recorded trace replays exactly.
 """
@@ -43,12 +48,15 @@ class AdmissionPolicy:
     max_wait_s: float        # longest a request may wait before 503
     retry_after_s: int = 1
     max_queue_per_key: int | None = None  # one key's share of the queue (None: max_queue)
+    long_budget: int | None = None   # what long-lane requests may hold together (None: all)
 
     def __post_init__(self) -> None:
         if self.token_budget < 1 or self.max_queue < 0 or self.max_wait_s <= 0:
             raise ValueError("token_budget >= 1, max_queue >= 0 and max_wait_s > 0 required")
         if self.max_queue_per_key is not None and self.max_queue_per_key < 0:
             raise ValueError("max_queue_per_key must be >= 0")
+        if self.long_budget is not None and self.long_budget < 1:
+            raise ValueError("long_budget must be >= 1")
 
     @property
     def key_queue_limit(self) -> int:
@@ -70,8 +78,10 @@ class AdmissionController:
     def __init__(self, policy: AdmissionPolicy):
         self.policy = policy
         self.in_flight_tokens = 0
-        self._running: dict[Ticket, int] = {}
-        # every waiter: (cost, since, key); per key a FIFO; keys with waiters take turns
+        self.long_in_flight_tokens = 0
+        self._running: dict[Ticket, tuple[int, bool]] = {}
+        # every waiter: (cost, since, queue); per queue a FIFO; queues with waiters take
+        # turns. A queue is a key's short or long lane (see _queue_name).
         self._waiting: OrderedDict[Ticket, tuple[int, float, str]] = OrderedDict()
         self._queues: dict[str, deque[Ticket]] = {}
         self._turns: deque[str] = deque()
@@ -80,30 +90,42 @@ class AdmissionController:
     def queue_length(self) -> int:
         return len(self._waiting)
 
-    def _fits(self, cost: int) -> bool:
+    def _fits(self, cost: int, long: bool) -> bool:
         # A request larger than the whole budget runs alone rather than never.
-        return self.in_flight_tokens + cost <= self.policy.token_budget or not self._running
+        if not self._running:
+            return True
+        if self.in_flight_tokens + cost > self.policy.token_budget:
+            return False
+        limit = self.policy.long_budget
+        return (not long or limit is None or self.long_in_flight_tokens == 0
+                or self.long_in_flight_tokens + cost <= limit)
 
-    def request(self, ticket: Ticket, cost: int, now: float, key: str = "") -> Decision:
-        """Admit, queue or refuse a new request. Nobody overtakes a waiter of its own key;
-        another key's waiters (a flood) do not hold it back when it fits."""
-        if key not in self._queues and self._fits(cost):
-            self._start(ticket, cost)
+    def request(self, ticket: Ticket, cost: int, now: float, key: str = "",
+                long: bool = False) -> Decision:
+        """Admit, queue or refuse a new request. Nobody overtakes a waiter of its own key
+        and lane; another key's waiters (a flood) do not hold it back when it fits."""
+        queue = _queue_name(key, long)
+        if queue not in self._queues and self._fits(cost, long):
+            self._start(ticket, cost, long)
             return ADMIT
-        own_queue = self._queues.get(key, ())
+        own_waiters = sum(len(self._queues.get(_queue_name(key, lane), ()))
+                          for lane in (False, True))
         if (len(self._waiting) >= self.policy.max_queue
-                or len(own_queue) >= self.policy.key_queue_limit):
+                or own_waiters >= self.policy.key_queue_limit):
             return Decision("reject", 429, self.policy.retry_after_s)
-        self._waiting[ticket] = (cost, now, key)
-        if key not in self._queues:
-            self._queues[key] = deque()
-            self._turns.append(key)
-        self._queues[key].append(ticket)
+        self._waiting[ticket] = (cost, now, queue)
+        if queue not in self._queues:
+            self._queues[queue] = deque()
+            self._turns.append(queue)
+        self._queues[queue].append(ticket)
         return QUEUE
 
     def release(self, ticket: Ticket) -> list[Ticket]:
         """A running request ended: free its tokens; return the waiters now admitted."""
-        self.in_flight_tokens -= self._running.pop(ticket, 0)
+        cost, long = self._running.pop(ticket, (0, False))
+        self.in_flight_tokens -= cost
+        if long:
+            self.long_in_flight_tokens -= cost
         return self._admit_waiters()
 
     def give_up(self, ticket: Ticket) -> list[Ticket] | None:
@@ -126,9 +148,11 @@ class AdmissionController:
         return [t for t, (_, since, _) in self._waiting.items()
                 if now - since > self.policy.max_wait_s]
 
-    def _start(self, ticket: Ticket, cost: int) -> None:
-        self._running[ticket] = cost
+    def _start(self, ticket: Ticket, cost: int, long: bool) -> None:
+        self._running[ticket] = (cost, long)
         self.in_flight_tokens += cost
+        if long:
+            self.long_in_flight_tokens += cost
 
     def _drop_key(self, key: str) -> None:
         del self._queues[key]
@@ -147,11 +171,12 @@ class AdmissionController:
             for key in list(self._turns):
                 ticket = self._queues[key][0]
                 cost = self._waiting[ticket][0]
-                if not self._fits(cost):
+                long = _is_long_lane(key)
+                if not self._fits(cost, long):
                     continue
                 self._queues[key].popleft()
                 del self._waiting[ticket]
-                self._start(ticket, cost)
+                self._start(ticket, cost, long)
                 admitted.append(ticket)
                 self._turns.remove(key)
                 if self._queues[key]:
@@ -161,3 +186,14 @@ class AdmissionController:
                 progress = True
                 break
         return admitted
+
+
+_LONG_LANE = "\x00long"  # cannot occur in a client key (they are hashes or user names)
+
+
+def _queue_name(key: str, long: bool) -> str:
+    return key + _LONG_LANE if long else key
+
+
+def _is_long_lane(queue: str) -> bool:
+    return queue.endswith(_LONG_LANE)

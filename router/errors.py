@@ -81,3 +81,11 @@ def internal_error(request_id: str) -> APIError:
         500, f"Internal error while serving request {request_id}", "internal_error", None,
         "internal_error",
     )
+
+
+def unauthorized(has_key: bool) -> APIError:
+    # Never echo the key: it would land in client logs and proxies.
+    message = ("Incorrect API key provided." if has_key else
+               "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.")
+    return APIError(401, message, "invalid_request_error", None, "invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"})

@@ -23,18 +23,26 @@ def overloaded(status: int, retry_after_s: int, message: str, code: str) -> APIE
 
 class AdmissionGate:
     def __init__(self, config: AdmissionConfig, clock=time.monotonic):
+        long_budget = (max(1, int(config.token_budget * config.long_lane_share))
+                       if config.long_prompt_tokens is not None else None)
         self._controller = AdmissionController(AdmissionPolicy(
             config.token_budget, config.max_queue, config.max_wait_s, config.retry_after_s,
-            config.max_queue_per_key))
+            config.max_queue_per_key, long_budget))
+        self._long_prompt_tokens = config.long_prompt_tokens
         self._policy = self._controller.policy
         self._clock = clock
         self._ids = itertools.count()
         self._waiters: dict[Ticket, asyncio.Future] = {}
 
-    async def acquire(self, cost: int, key: str = "anonymous") -> Ticket:
-        """Wait for admission in ``key``'s queue; raise the 429/503 answer if refused."""
+    async def acquire(self, cost: int, key: str = "anonymous", prompt_tokens: int = 0) -> Ticket:
+        """Wait for admission in ``key``'s queue; raise the 429/503 answer if refused.
+
+        Prompts of ``long_prompt_tokens`` or more wait in the key's long lane.
+        """
         ticket = next(self._ids)
-        decision = self._controller.request(ticket, cost, self._clock(), key)
+        long = (self._long_prompt_tokens is not None
+                and prompt_tokens >= self._long_prompt_tokens)
+        decision = self._controller.request(ticket, cost, self._clock(), key, long)
         if decision.action == "admit":
             return ticket
         if decision.action == "reject":

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import random
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,6 +28,7 @@ from cluster.messages import EngineRequest, TokenChunk
 from cluster.metrics import outcome_for_status
 from router import openai_format as fmt
 from router.admission import client_key
+from router.auth import accepted_digests, bearer_token, is_authorized
 from router.disaggregation import choose_path
 from router.errors import (
     APIError,
@@ -33,6 +37,7 @@ from router.errors import (
     model_not_found,
     route_not_found,
     service_unavailable,
+    unauthorized,
 )
 from router.failures import client_error, error_response, failed_response
 from router.flow import DisaggregatedFlow, prepend
@@ -44,7 +49,9 @@ from router.protocol import (
     parse_request,
     resolve_max_tokens,
 )
+from router.rollout import RolloutClient
 from router.telemetry import RequestObserver, count_refusal
+from router.versions import choose_version
 
 logger = logging.getLogger(__name__)
 
@@ -70,17 +77,37 @@ async def _validation_error(_: Request, error: RequestValidationError) -> JSONRe
     return error_response(bad_request(str(error.errors()[0].get("msg", "invalid request"))))
 
 
+@dataclass
+class _Version:
+    """What the router holds per model version: its tokenizer and its two pools."""
+
+    tokenizer: object
+    vocab_size: int
+    flow: DisaggregatedFlow
+
+
 @serve.deployment
 @serve.ingress(app)
 class Router:
-    def __init__(self, config: PDServeConfig, prefill_handle, decode_handle):
+    def __init__(self, config: PDServeConfig, pools: dict[str, dict], rollout=None):
         from transformers import AutoTokenizer
 
         self._config = config
-        self._tokenizer = AutoTokenizer.from_pretrained(str(config.model.path))
-        self._vocab_size = len(self._tokenizer)
-        self._flow = DisaggregatedFlow(prefill_handle, decode_handle)
+        self._versions: dict[str, _Version] = {}
+        for name, version in config.versions.items():
+            tokenizer = AutoTokenizer.from_pretrained(str(version.path))
+            flow = DisaggregatedFlow(pools[name]["prefill"], pools[name]["decode"])
+            self._versions[name] = _Version(tokenizer, len(tokenizer), flow)
+        self._rollout = RolloutClient(
+            rollout, config.served_models,
+            config.canary.served_model if config.canary is not None else None)
         self._gate = AdmissionGate(config.router.admission)
+        auth = config.router.auth
+        self._api_keys = accepted_digests(
+            (key.get_secret_value() for key in auth.api_keys),
+            os.environ.get(auth.api_keys_env) if auth.api_keys_env else None,
+        )
+        self._random = random.Random()
         self._created = int(time.time())
 
     # ---- endpoints -------------------------------------------------------------------
@@ -88,61 +115,103 @@ class Router:
     @app.get("/health")
     async def health(self) -> JSONResponse:
         try:
-            await asyncio.wait_for(self._flow.pool_stats(), timeout=5)
+            stats = (version.flow.pool_stats() for version in self._versions.values())
+            await asyncio.wait_for(asyncio.gather(*stats), timeout=5)
         except Exception:  # any pool unreachable means not ready for traffic
             return error_response(service_unavailable("an engine pool is not available", 5))
         return JSONResponse({"status": "ok"})
 
     @app.get("/v1/models")
-    async def models(self) -> JSONResponse:
-        model = {
-            "id": self._config.model.name,
+    async def models(self, request: Request) -> JSONResponse:
+        self._authorize(request)
+        data = [{
+            "id": name,
             "object": "model",
             "created": self._created,
             "owned_by": "pdserve",
             "max_model_len": self._config.engine.max_model_len,
-        }
-        return JSONResponse({"object": "list", "data": [model]})
+        } for name in self._config.served_models]
+        return JSONResponse({"object": "list", "data": data})
 
     @app.get("/admin/stats")
-    async def stats(self) -> JSONResponse:
-        return JSONResponse(await self._flow.pool_stats())
+    async def stats(self, request: Request, version: str | None = None) -> JSONResponse:
+        """Engine statistics of one version's pools (default: the primary version)."""
+        self._authorize(request)
+        chosen = self._versions.get(version or self._config.model.version)
+        if chosen is None:
+            raise bad_request(f"unknown version {version!r}", "version")
+        return JSONResponse(await chosen.flow.pool_stats())
+
+    @app.get("/admin/rollout")
+    async def rollout(self, request: Request) -> JSONResponse:
+        """The weights in force per served name, the canary gate's recent decisions and
+        the router replica that answered (rollouts replace it)."""
+        self._authorize(request)
+        replica = serve.get_replica_context().replica_id.unique_id
+        return JSONResponse({**await self._rollout.describe(), "router_replica": replica})
 
     @app.post("/v1/completions")
     async def completions(self, request: Request):
         arrival = time.monotonic()
+        api_key = self._authorize(request)
         body = parse_request(await request.body(), CompletionRequest)
+        version_name, version = self._choose_version(body.model, api_key, body.user)
         prompt = body.single_prompt()
         if isinstance(prompt, str):
-            prompt_ids = self._tokenizer.encode(prompt)
+            prompt_ids = version.tokenizer.encode(prompt)
         else:
-            check_token_ids(prompt, self._vocab_size)
+            check_token_ids(prompt, version.vocab_size)
             prompt_ids = list(prompt)
         return await self._serve(body, prompt_ids, "completion", "cmpl", arrival,
-                                 client_key(request.headers.get("authorization"), body.user))
+                                 client_key(request.headers.get("authorization"), body.user),
+                                 version_name)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
         arrival = time.monotonic()
+        api_key = self._authorize(request)
         body = parse_request(await request.body(), ChatCompletionRequest)
+        version_name, version = self._choose_version(body.model, api_key, body.user)
         try:
-            text = self._tokenizer.apply_chat_template(
+            text = version.tokenizer.apply_chat_template(
                 body.template_messages(), tokenize=False, add_generation_prompt=True
             )
         except Exception as error:  # a template may refuse e.g. a role order it cannot render
             raise bad_request(f"messages cannot be rendered: {error}", "messages") from None
-        prompt_ids = self._tokenizer.encode(text, add_special_tokens=False)
+        prompt_ids = version.tokenizer.encode(text, add_special_tokens=False)
         return await self._serve(body, prompt_ids, "chat", "chatcmpl", arrival,
-                                 client_key(request.headers.get("authorization"), body.user))
+                                 client_key(request.headers.get("authorization"), body.user),
+                                 version_name)
+
+    # ---- who, and which version ------------------------------------------------------
+
+    def _authorize(self, request: Request) -> str | None:
+        """Raise 401 unless authentication is off or the request carries a valid key.
+
+        Returns the caller's hashed API key (None without one), for version stickiness.
+        """
+        authorization = request.headers.get("authorization")
+        if not is_authorized(authorization, self._api_keys):
+            raise unauthorized(has_key=bearer_token(authorization) is not None)
+        return client_key(authorization, None) if bearer_token(authorization) else None
+
+    def _choose_version(self, served_name: str, api_key: str | None,
+                        user: str | None) -> tuple[str, _Version]:
+        weights = self._rollout.weights(served_name)
+        if weights is None:
+            raise model_not_found(served_name)
+        # Sticky per user, else per API key: one conversation stays on one version.
+        sticky = f"user:{user}" if user else api_key
+        name = choose_version(weights, sticky, self._random.random(), served_name=served_name)
+        return name, self._versions[name]
 
     # ---- the serving path ------------------------------------------------------------
 
     async def _serve(
         self, body, prompt_ids: list[int], kind: fmt.Kind, id_prefix: str, arrival: float,
-        key: str,
+        key: str, version_name: str,
     ):
-        if body.model != self._config.model.name:
-            raise model_not_found(body.model)
+        version = self._versions[version_name]
         max_tokens = resolve_max_tokens(
             len(prompt_ids),
             body.requested_max_tokens(),
@@ -155,12 +224,12 @@ class Router:
             request_id, body.model, int(time.time()), kind, body.return_token_ids
         )
         path = choose_path(len(prompt_ids), self._config.router.disaggregation_threshold_tokens)
-        # One model version for now; model versions will fill the version label.
-        observer = RequestObserver(body.model, self._config.model.name, path, arrival,
-                                   len(prompt_ids))
+        observer = RequestObserver(body.model, version_name, path, arrival,
+                                   len(prompt_ids), on_finish=self._rollout.record)
         try:
             # The most KV this request can come to hold: prompt plus every allowed token.
-            ticket = await self._gate.acquire(len(prompt_ids) + max_tokens, key)
+            ticket = await self._gate.acquire(len(prompt_ids) + max_tokens, key,
+                                              prompt_tokens=len(prompt_ids))
         except APIError as refusal:
             observer.finish(outcome_for_status(refusal.status))
             return error_response(refusal, request_id)
@@ -168,7 +237,7 @@ class Router:
             observer.finish("cancelled")
             raise
         observer.dispatched()
-        chunks = self._released_at_end(ticket, self._flow.generate(engine_request, path))
+        chunks = self._released_at_end(ticket, version.flow.generate(engine_request, path))
         try:
             # Wait for the first token before answering, so that a failure before any
             # output still gets a proper status code instead of an error inside a 200 stream.
@@ -181,7 +250,7 @@ class Router:
             observer.finish("cancelled")
             raise
         observer.chunk(first)
-        headers = {"x-request-id": request_id}
+        headers = {"x-request-id": request_id, "x-pdserve-version": version_name}
         if body.stream:
             events = self._events(meta, prompt_ids, first, chunks, body.include_usage, observer)
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)

@@ -7,6 +7,7 @@ recorder per router process.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from cluster import metrics as m
 from cluster.messages import TokenChunk
@@ -29,8 +30,12 @@ class RequestObserver:
     """Times one admitted request and records its metrics exactly once when it ends."""
 
     def __init__(self, model: str, version: str, path: str, arrival: float,
-                 prompt_tokens: int, clock=time.monotonic):
+                 prompt_tokens: int, clock=time.monotonic,
+                 on_finish: Callable[[str, str, m.Outcome, RequestTimer], None] | None = None):
+        """``on_finish(model, version, outcome, timer)`` is called once when it ends (the
+        canary gate's samples)."""
         self._tags = {"model": model, "version": version, "path": path}
+        self._on_finish = on_finish
         self._clock = clock
         self._prompt_tokens = prompt_tokens
         self._done = False
@@ -46,6 +51,8 @@ class RequestObserver:
         if self._done:
             return
         self._done = True
+        if self._on_finish is not None:
+            self._on_finish(self._tags["model"], self._tags["version"], outcome, self.timer)
         RECORDER.inc(m.REQUESTS, {**self._tags, "outcome": outcome})
         timer = self.timer
         if timer.queue_time is not None:

@@ -53,7 +53,13 @@ from cluster.autoscaling.policy import (
     decide_decode,
     decide_prefill,
 )
-from cluster.metrics import MetricSpec, Recorder
+from cluster.metrics import (
+    DESIRED_REPLICAS,
+    PREFILL_PER_DECODE,
+    SCALE_EVENTS,
+    STANDBY_FLOOR,
+    Recorder,
+)
 
 # A child of Serve's logger, so decisions land in the controller's Serve log.
 logger = logging.getLogger("ray.serve.pdserve.autoscaling")
@@ -75,19 +81,7 @@ STATE_KEY = "pdserve_autoscaling"
 
 _MODULE = "cluster.autoscaling.serve_policy"
 
-# --- what the policies export (Ray prefixes "ray_") ---------------------------------------
-_TAGS = ("application", "deployment", "pool")
-DESIRED_REPLICAS = MetricSpec("pdserve_autoscaling_desired_replicas", "gauge",
-                              "Replicas the pdserve policy decided for the pool", _TAGS)
-STANDBY_FLOOR = MetricSpec("pdserve_autoscaling_standby_floor_replicas", "gauge",
-                           "Standby floor of the schedule in force (0: none)", _TAGS)
-# Serve calls a policy every control-loop tick (0.1 s): only changes are counted.
-SCALE_EVENTS = MetricSpec("pdserve_autoscaling_scale_events_total", "counter",
-                          "Scale-ups and scale-downs the pdserve policy decided",
-                          (*_TAGS, "direction"))
-PREFILL_PER_DECODE = MetricSpec("pdserve_autoscaling_prefill_per_decode", "gauge",
-                                "Prefill:decode replica ratio the token mix asks for",
-                                ("application",))
+# What the policies export is catalogued with the other metrics (cluster.metrics).
 EXPORTED = (DESIRED_REPLICAS, STANDBY_FLOOR, SCALE_EVENTS, PREFILL_PER_DECODE)
 
 

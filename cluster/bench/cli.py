@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -32,6 +33,8 @@ def add_parser(commands) -> None:
     run = sub.add_parser("run", help="one workload against any OpenAI-compatible server")
     run.add_argument("--base-url", default="http://127.0.0.1:8000")
     run.add_argument("--model", default="tiny-llama")
+    run.add_argument("--api-key", default=os.environ.get("PDSERVE_API_KEY"),
+                     help="sent as 'Authorization: Bearer' (default: $PDSERVE_API_KEY)")
     run.add_argument("--rates", default=None,
                      help="comma-separated rates to sweep (plots latency against load)")
     _workload_args(run)
@@ -45,6 +48,12 @@ def add_parser(commands) -> None:
     overhead.add_argument("--config", type=Path, default=BENCH_CONFIG)
     overhead.add_argument("--requests", type=int, default=30)
     overhead.add_argument("--out", type=Path, default=Path("bench-results"))
+
+    variants = sub.add_parser("variants", help="one workload against config variants (A/B)")
+    variants.add_argument("--config", type=Path, default=BENCH_CONFIG)
+    variants.add_argument("--variant", action="append", required=True,
+                          help="name:key.path=value,... (repeat; the first is the baseline)")
+    _workload_args(variants)
 
     transfer = sub.add_parser("transfer", help="NIXL KV-transfer GB/s vs a host memcpy")
     transfer.add_argument("--sizes-mib", default="1,4,16,64")
@@ -73,7 +82,7 @@ def _workload_args(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     return {"run": _run, "compare": _compare, "overhead": _overhead,
-            "transfer": _transfer}[args.bench_command](args)
+            "variants": _variants, "transfer": _transfer}[args.bench_command](args)
 
 
 # ---- shared helpers ----------------------------------------------------------------------
@@ -101,10 +110,12 @@ def _token_counter(tokenizer_path: str | None):
 
 
 def _measure(base_url: str, model: str, spec: WorkloadSpec, count_tokens, slo: SLO,
-             progress: bool, label: str) -> tuple[list[RequestRecord], dict]:
+             progress: bool, label: str, api_key: str | None = None,
+             ) -> tuple[list[RequestRecord], dict]:
     requests = plan(spec, count_tokens)
     records, duration = asyncio.run(
-        run_workload(base_url, model, requests, progress=progress, label=label)
+        run_workload(base_url, model, requests, progress=progress, label=label,
+                     api_key=api_key)
     )
     summary = {
         "all": summarise(records, duration, slo),
@@ -126,7 +137,8 @@ def _run(args) -> int:
     for rate in rates:
         spec = _spec(args, rate=rate)
         records, summary = _measure(args.base_url, args.model, spec, count_tokens, slo,
-                                    not args.no_progress, f"{spec.name} @ {rate}/s")
+                                    not args.no_progress, f"{spec.name} @ {rate}/s",
+                                    args.api_key)
         print(report.table(f"{spec.name} @ {rate} req/s", summary["all"]))
         sweep.append((rate, summary["all"]))
         runs[f"{rate} req/s"] = records
@@ -243,6 +255,70 @@ def _machine() -> dict:
 
     return {"cpus": os.cpu_count(), "machine": platform.machine(),
             "processor": platform.processor(), "python": platform.python_version()}
+
+
+# ---- variants --------------------------------------------------------------------------
+
+def _variants(args) -> int:
+    """The same seeded workload against the base config with each variant's overrides."""
+    import yaml
+
+    from cluster import processes
+    from cluster.bench.variants import apply_overrides, parse_variant
+    from cluster.config import parse_config
+    from cluster.tiny_model import ensure_model
+
+    variants = [parse_variant(text) for text in args.variant]
+    base = yaml.safe_load(args.config.read_text())
+    slo = SLO(args.ttft_slo, args.tpot_slo)
+    args.out.mkdir(parents=True, exist_ok=True)
+    summaries: dict[str, dict] = {}
+    for variant in variants:
+        document = apply_overrides(base, variant.overrides)
+        config = parse_config(document, source=f"variant {variant.name}")
+        path = args.out / f"variant-{variant.name}.yaml"
+        path.write_text(yaml.safe_dump(document, sort_keys=False))
+        ensure_model(config.model.path, config.model.generate)
+        count_tokens = _token_counter(args.tokenizer or str(config.model.path))
+        spec = _spec(args, max_model_len=config.engine.max_model_len)
+        server = processes.start_pdserve(path, config, args.out / "logs", REPO)
+        try:
+            processes.wait_ready(server)
+            _warm_up(server.base_url, config.model.name)
+            _, summary = _measure(server.base_url, config.model.name, spec, count_tokens,
+                                  slo, not args.no_progress, variant.name)
+        finally:
+            processes.stop(server)
+        summaries[variant.name] = summary
+        print(report.table(f"{variant.name} {variant.overrides}", summary["all"]))
+        report.write_json(args.out / f"variant-{variant.name}-summary.json",
+                          {**summary, "overrides": variant.overrides})
+    print(_variants_table(summaries))
+    report.write_json(args.out / "variants.json",
+                      {"config": str(args.config), "machine": _machine(),
+                       "variants": {v.name: v.overrides for v in variants},
+                       "results": summaries})
+    return 0
+
+
+def _variants_table(summaries: dict[str, dict]) -> str:
+    """Short/long TTFT and ITL per variant, and each one's ratio to the first."""
+    rows = [("short p50 TTFT", "short", "ttft_s", "p50"), ("short p95 TTFT", "short", "ttft_s",
+            "p95"), ("long p50 TTFT", "long", "ttft_s", "p50"), ("p95 ITL", "all", "itl_s", "p95")]
+    names = list(summaries)
+    base = summaries[names[0]]
+    lines = [f"  {'':<16}" + "".join(f"{n:>22}" for n in names)]
+    for label, kind, metric, q in rows:
+        cells = []
+        for name in names:
+            value = summaries[name][kind][metric][q]
+            r = ratio(value, base[kind][metric][q])
+            cells.append("-" if value is None else
+                         f"{value * 1000:.0f} ms" + ("" if r is None else f" ({r:.2f}x)"))
+        lines.append(f"  {label:<16}" + "".join(f"{c:>22}" for c in cells))
+    goodput = [f"{summaries[n]['all']['goodput_requests_per_s']:.3f}/s" for n in names]
+    lines.append(f"  {'goodput':<16}" + "".join(f"{g:>22}" for g in goodput))
+    return "\n".join(lines)
 
 
 # ---- overhead --------------------------------------------------------------------------

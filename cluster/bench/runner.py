@@ -14,13 +14,15 @@ from cluster.bench.workload import PlannedRequest
 
 async def run_workload(
     base_url: str, model: str, requests: list[PlannedRequest], *,
-    timeout_s: float = 600, progress: bool = True, label: str = "",
+    timeout_s: float = 600, progress: bool = True, label: str = "", api_key: str | None = None,
 ) -> tuple[list[RequestRecord], float]:
     """Send every request at its planned time (open loop); return records and duration."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     records = [RequestRecord(r.index, r.kind, r.prompt_tokens, sent_at=0.0) for r in requests]
     bar = _progress_bar(len(requests), label) if progress else None
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-    async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s, limits=limits,
+                                 headers=headers) as client:
         start = time.perf_counter()
 
         async def one(planned: PlannedRequest, record: RequestRecord) -> None:

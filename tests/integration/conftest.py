@@ -7,6 +7,7 @@ shutdown was clean: exit status 0, the port free again, no Ray or engine process
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -17,12 +18,15 @@ import pytest
 
 from cluster import processes
 from cluster.config import load_config
+from tests.integration.openai_http import AUTH
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_PATH = REPO / "tests/integration/pdserve-test.yaml"
 CONFIG = load_config(CONFIG_PATH)
 MODEL = CONFIG.model.name
 BASE_URL = f"http://{CONFIG.router.host}:{CONFIG.router.port}"
+ENV_KEY_VARIABLE = CONFIG.router.auth.api_keys_env
+ENV_API_KEY = "sk-from-the-environment"
 REFERENCE_PORT = 8200
 STARTUP_TIMEOUT_S = 420
 LOG_DIR = REPO / ".cache" / "test-logs"
@@ -52,6 +56,7 @@ def pdserve() -> Iterator[str]:
     host, port = CONFIG.router.host, CONFIG.router.port
     assert processes.port_is_free(host, port), f"test port {port} already in use"
     before = _cluster_processes()
+    os.environ[ENV_KEY_VARIABLE] = ENV_API_KEY  # the second source of keys (test_auth)
     server = processes.start_pdserve(CONFIG_PATH, CONFIG, LOG_DIR, REPO)
     try:
         _ready_or_fail(server)
@@ -97,7 +102,7 @@ def reference(pdserve) -> Iterator[str]:
 
 
 def engine_stats(base_url: str) -> dict[str, dict]:
-    response = httpx.get(f"{base_url}/admin/stats", timeout=30)
+    response = httpx.get(f"{base_url}/admin/stats", timeout=30, headers=AUTH)
     response.raise_for_status()
     return response.json()
 

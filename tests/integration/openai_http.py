@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 
 import httpx
 
+# The test cluster requires an API key (router.auth in pdserve-test.yaml).
+API_KEY = "sk-pdserve-test"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
 
 @dataclass
 class Generation:
@@ -33,7 +37,7 @@ def generate(base_url: str, kind: str, model: str, prompt: str, *, stream: bool,
     path, body = body_for(kind, model, prompt, stream=stream, return_token_ids=True, **params)
     if stream:
         body["stream_options"] = {"include_usage": True}
-    with httpx.Client(base_url=base_url, timeout=timeout) as client:
+    with httpx.Client(base_url=base_url, timeout=timeout, headers=AUTH) as client:
         if not stream:
             response = client.post(path, json=body)
             return _from_body(response)

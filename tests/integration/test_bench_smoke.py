@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from tests.integration.conftest import CONFIG, MODEL, REPO
+from tests.integration.openai_http import API_KEY
 
 pytestmark = pytest.mark.integration
 
@@ -18,7 +19,8 @@ def test_bench_run_measures_every_request(pdserve, tmp_path):
         [sys.executable, "-m", "cluster.cli", "bench", "run", "--base-url", pdserve,
          "--model", MODEL, "--workload", "interference", "--num-requests", "4",
          "--rates", "4,8", "--scale", "0.05", "--long-fraction", "0.5", "--seed", "1",
-         "--tokenizer", str(CONFIG.model.path), "--out", str(tmp_path), "--no-progress"],
+         "--tokenizer", str(CONFIG.model.path), "--out", str(tmp_path), "--no-progress",
+         "--api-key", API_KEY],
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.conftest import CONFIG, MODEL, wait_until_idle
-from tests.integration.openai_http import generate
+from tests.integration.openai_http import AUTH, generate
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +26,8 @@ def scrape() -> dict[str, dict[tuple, float]]:
             if not sample.name.startswith("ray_pdserve_"):
                 continue
             labels = tuple(sorted((k, v) for k, v in sample.labels.items()
-                                  if k in ("model", "pool", "outcome", "source", "le")))
+                                  if k in ("model", "version", "pool", "outcome", "source",
+                                           "action", "le")))
             sums[sample.name][labels] += sample.value
     return sums
 
@@ -62,9 +63,10 @@ def test_counters_balance_with_what_was_sent(pdserve):
     ]
     assert all(r.status == 200 for r in results)
     refused = [
-        httpx.post(f"{pdserve}/v1/completions", json={"model": MODEL, "prompt": "x",
-                                                      "max_tokens": 0}),
-        httpx.post(f"{pdserve}/v1/completions", json={"model": "nope", "prompt": "x"}),
+        httpx.post(f"{pdserve}/v1/completions", headers=AUTH,
+                   json={"model": MODEL, "prompt": "x", "max_tokens": 0}),
+        httpx.post(f"{pdserve}/v1/completions", headers=AUTH,
+                   json={"model": "nope", "prompt": "x"}),
     ]
     assert [r.status_code for r in refused] == [400, 404]
     wait_until_idle(pdserve)
@@ -91,6 +93,7 @@ def test_counters_balance_with_what_was_sent(pdserve):
     assert delta("ray_pdserve_kv_transfer_bytes_total", pool="decode") > 0
     assert delta("ray_pdserve_kv_transfer_seconds_count", pool="decode") >= 4
     assert delta("ray_pdserve_kv_transfer_failures_total") == 0
-    assert total(after, "ray_pdserve_pool_replicas", pool="prefill") == 1
-    assert total(after, "ray_pdserve_pool_replicas", pool="decode") == 1
-    assert total(after, "ray_pdserve_kv_cache_usage_ratio", pool="prefill") == 0
+    for version in CONFIG.versions:
+        for pool in ("prefill", "decode"):
+            assert total(after, "ray_pdserve_pool_replicas", pool=pool, version=version) == 1
+    assert total(after, "ray_pdserve_kv_cache_usage_ratio", pool="prefill", version="v1") == 0

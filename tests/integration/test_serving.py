@@ -9,15 +9,15 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.conftest import MODEL, engine_stats, wait_until_idle
-from tests.integration.openai_http import generate
+from tests.integration.conftest import CONFIG, MODEL, engine_stats, wait_until_idle
+from tests.integration.openai_http import API_KEY, AUTH, generate
 
 pytestmark = pytest.mark.integration
 
 
 def test_official_openai_client_streams_chat(pdserve):
-    client = openai.OpenAI(base_url=f"{pdserve}/v1", api_key="unused", max_retries=0)
-    assert [model.id for model in client.models.list()] == [MODEL]
+    client = openai.OpenAI(base_url=f"{pdserve}/v1", api_key=API_KEY, max_retries=0)
+    assert MODEL in [model.id for model in client.models.list()]
     stream = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Write a haiku about tea."}],
         max_tokens=24, temperature=0, stream=True, stream_options={"include_usage": True},
@@ -56,7 +56,7 @@ def test_sixteen_concurrent_streams_complete_and_free_their_kv(pdserve):
         return tokens, lengths[i], finish
 
     async def all_of_them():
-        async with httpx.AsyncClient(base_url=pdserve, timeout=300) as client:
+        async with httpx.AsyncClient(base_url=pdserve, timeout=300, headers=AUTH) as client:
             return await asyncio.gather(*(one(client, i) for i in range(16)))
 
     results = asyncio.run(all_of_them())
@@ -104,7 +104,7 @@ def test_bad_input_gets_an_openai_error_and_the_service_keeps_serving(
 ):
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
     response = httpx.post(f"{pdserve}{path}", content=content,
-                          headers={"content-type": "application/json"}, timeout=60)
+                          headers={"content-type": "application/json", **AUTH}, timeout=60)
     assert response.status_code == status
     error = response.json()["error"]
     assert (error["code"], error["param"]) == (code, param)
@@ -118,7 +118,7 @@ def test_client_disconnect_aborts_the_request_on_both_engines(pdserve):
     body = {"model": MODEL, "prompt": "go on forever " * 40, "max_tokens": 4000,
             "ignore_eos": True, "stream": True}
     with (
-        httpx.Client(base_url=pdserve, timeout=60) as client,
+        httpx.Client(base_url=pdserve, timeout=60, headers=AUTH) as client,
         client.stream("POST", "/v1/completions", json=body) as response,
     ):
         assert response.status_code == 200
@@ -136,8 +136,9 @@ def test_client_disconnect_aborts_the_request_on_both_engines(pdserve):
 
 def test_health_and_models(pdserve):
     assert httpx.get(f"{pdserve}/health").json() == {"status": "ok"}
-    models = httpx.get(f"{pdserve}/v1/models").json()
-    assert models["object"] == "list" and models["data"][0]["id"] == MODEL
+    models = httpx.get(f"{pdserve}/v1/models", headers=AUTH).json()
+    assert models["object"] == "list"
+    assert [m["id"] for m in models["data"]] == list(CONFIG.served_models)
     wrong_method = httpx.get(f"{pdserve}/v1/completions")
     assert wrong_method.status_code == 405
     assert wrong_method.json()["error"]["code"] == "method_not_allowed"

@@ -184,3 +184,59 @@ def test_client_key_hashes_api_keys_and_falls_back_to_user():
     assert client_key("Bearer other", None) != key
     assert client_key(None, "alice") == "user:alice"
     assert client_key("Basic abc", None) == client_key(None, None) == "anonymous"
+
+
+LANES = AdmissionPolicy(token_budget=100, max_queue=10, max_wait_s=5, long_budget=60)
+
+
+def test_a_waiting_long_prompt_does_not_hold_back_short_ones_of_the_same_key():
+    gate = AdmissionController(LANES)
+    assert gate.request(1, 50, now=0, key="a", long=True).action == "admit"
+    assert gate.request(2, 40, now=0, key="a", long=True).action == "queue"   # 90 > 60
+    assert gate.request(3, 30, now=0, key="a").action == "admit"   # short lane: fits 100
+    assert gate.long_in_flight_tokens == 50 and gate.in_flight_tokens == 80
+    assert gate.release(1) == [2]
+    assert gate.long_in_flight_tokens == 40
+
+
+def test_without_a_long_budget_lanes_share_the_whole_budget():
+    gate = AdmissionController(AdmissionPolicy(token_budget=100, max_queue=10, max_wait_s=5))
+    assert gate.request(1, 50, now=0, long=True).action == "admit"
+    assert gate.request(2, 50, now=0, long=True).action == "admit"
+
+
+lane_events = st.lists(
+    st.tuples(st.sampled_from(["request", "release", "give_up"]), st.integers(1, 150),
+              st.booleans(), st.sampled_from(["a", "b"])),
+    max_size=200,
+)
+
+
+@settings(max_examples=300)
+@given(lane_events)
+def test_the_long_lane_never_exceeds_its_budget_and_short_fits_are_never_kept_waiting(steps):
+    gate = AdmissionController(LANES)
+    running: dict[int, bool] = {}
+    waiting: dict[int, bool] = {}
+    for ticket, (action, value, long, key) in enumerate(steps):
+        admitted: list[int] = []
+        if action == "request":
+            decision = gate.request(ticket, value, now=0, key=key, long=long)
+            if decision.action == "admit":
+                running[ticket] = long
+            elif decision.action == "queue":
+                waiting[ticket] = long
+        elif action == "release" and running:
+            done = sorted(running)[value % len(running)]
+            del running[done]
+            admitted = gate.release(done)
+        elif action == "give_up" and waiting:
+            admitted = gate.give_up(sorted(waiting)[value % len(waiting)]) or []
+            waiting.pop(sorted(waiting)[value % len(waiting)])
+        for t in admitted:
+            running[t] = waiting.pop(t)
+        longs_running = sum(1 for is_long in running.values() if is_long)
+        assert gate.long_in_flight_tokens <= LANES.long_budget or longs_running == 1
+        assert gate.in_flight_tokens <= LANES.token_budget or len(running) == 1
+        # nobody waits in the short lane while its head would fit: lanes never block it
+        assert not any(not is_long for is_long in waiting.values()) or running

@@ -96,3 +96,23 @@ def test_summary_counts_goodput_and_errors():
 def test_ratio():
     assert ratio(1.0, 2.0) == 0.5
     assert ratio(None, 2.0) is None and ratio(1.0, 0) is None
+
+
+def test_variants_parse_and_override_dotted_keys():
+    from cluster.bench.variants import apply_overrides, parse_variant
+
+    variant = parse_variant("lane:router.admission.long_prompt_tokens=2048,"
+                            "prefill.max_num_batched_tokens=512,router.x=null")
+    assert variant.name == "lane"
+    assert variant.overrides == {"router.admission.long_prompt_tokens": 2048,
+                                 "prefill.max_num_batched_tokens": 512, "router.x": None}
+    base = {"router": {"port": 1}, "prefill": None}
+    changed = apply_overrides(base, variant.overrides)
+    assert changed["router"]["admission"] == {"long_prompt_tokens": 2048}
+    assert changed["prefill"] == {"max_num_batched_tokens": 512}
+    assert base == {"router": {"port": 1}, "prefill": None}  # the base is not modified
+    assert parse_variant("base") == type(variant)("base", {})
+    with pytest.raises(ValueError):
+        parse_variant("bad:router.port")
+    with pytest.raises(ValueError):
+        apply_overrides({"router": 5}, {"router.port": 1})

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -37,7 +36,7 @@ from ray.autoscaler._private.util import prepare_config, validate_config
 from ray.core.generated.common_pb2 import Bundle, PlacementStrategy
 from ray.core.generated.gcs_pb2 import PlacementGroupTableData
 
-from cluster.config import PDServeConfig, PoolConfig, load_config, parse_config
+from cluster.config import PDServeConfig, PoolConfig, load_config
 from cluster.engine_config import pool_deployment_options
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,7 +45,7 @@ CLUSTER_FILES = sorted(RAY_CONFIGS.glob("cluster-*.yaml"))
 FAKE_FILE = RAY_CONFIGS / "cluster-local-fake.yaml"
 CLOUD_FILES = [path for path in CLUSTER_FILES if path != FAKE_FILE]
 PROD_CONFIG = RAY_CONFIGS / "prod-70b.yaml"
-CLUSTER_DOC = REPO / "docs" / "cluster.md"
+FAKE_PDSERVE_CONFIG = REPO / "tests" / "integration" / "pdserve-multinode.yaml"
 # pdserve configs: everything in ray_configs/ but the cluster files (grafana/ is a folder).
 SERVE_CONFIGS = [
     *sorted(path for path in RAY_CONFIGS.glob("*.yaml") if not path.name.startswith("cluster-")),
@@ -124,12 +123,8 @@ def prod() -> PDServeConfig:
 
 
 def _fake_cluster_config() -> PDServeConfig:
-    """The pdserve config docs/cluster.md gives for the fake multi-node cluster."""
-    block = re.search(
-        r"```yaml\n(# \.cache/local-fake\.yaml.*?)```", CLUSTER_DOC.read_text(), re.DOTALL
-    )
-    assert block, "docs/cluster.md lost its .cache/local-fake.yaml example"
-    return parse_config(yaml.safe_load(block.group(1)), source="docs/cluster.md")
+    """The pdserve config the multi-node test serves on the fake cluster."""
+    return load_config(FAKE_PDSERVE_CONFIG)
 
 
 def test_the_cluster_files_exist() -> None:
