@@ -58,6 +58,8 @@ def _engine_deployment(config: PDServeConfig, version: str, role: Role) -> Deplo
     server = PrefillServer if role == "prefill" else DecodeServer
     pool = config.pool(version, role)
     bounds = config.scaling_bounds(version, role)
+    # Each pool's own policy; under `serve deploy` of `pdserve serve-config` output, an
+    # application-level policy (coupled pools) takes precedence over these.
     scaling = None if bounds is None else autoscaling_config_for(
         role, bounds, config.autoscaling, initial_replicas=pool.replicas)
     deployment = server.options(
@@ -98,7 +100,8 @@ def ensure_models(config: PDServeConfig) -> None:
 
 
 def app_builder(args: dict[str, Any]) -> Application:
-    """Entry point for ``serve run`` / ``serve deploy`` (args: ``config=<path>``)."""
+    """Entry point for ``serve run`` / ``serve deploy`` (args: ``config=<path>``; other
+    arguments, e.g. ``config_digest`` from cluster.serve_config, only version the app)."""
     config = load_config(args.get("config", DEFAULT_CONFIG_PATH))
     ensure_models(config)
     return build_app(config)

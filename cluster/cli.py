@@ -6,6 +6,8 @@
                    in flight finish on the replicas they started on.
 ``pdserve model``  generate the tiny local models named by the config, if missing.
 ``pdserve config`` validate a config file and print it with all defaults filled in.
+``pdserve serve-config``  print a Ray Serve config file for ``serve deploy`` (declarative
+                   path; carries the application-level autoscaling policy).
 ``pdserve dashboard``  print the Grafana dashboard of pdserve's metrics (JSON).
 ``pdserve bench``  load generation and comparisons (``pdserve bench --help``).
 """
@@ -29,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         ("deploy", "roll a changed config out to the running cluster"),
         ("model", "generate the local tiny models if missing"),
         ("config", "validate a config and print it with defaults"),
+        ("serve-config", "print a Serve config file for `serve deploy`"),
     ]:
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument("--config", type=Path, default=DEFAULT_CONFIG_PATH)
@@ -51,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"pdserve: {error}", file=sys.stderr)
         return 2
+    if args.command == "serve-config":
+        return _serve_config(config, args.config)
     commands = {"up": _up, "deploy": _deploy, "model": _model, "config": _show_config}
     return commands[args.command](config)
 
@@ -59,6 +64,15 @@ def _show_config(config: PDServeConfig) -> int:
     import yaml
 
     print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    return 0
+
+
+def _serve_config(config: PDServeConfig, path: Path) -> int:
+    import yaml
+
+    from cluster.serve_config import serve_config
+
+    print(yaml.safe_dump(serve_config(config, path.absolute()), sort_keys=False))
     return 0
 
 

@@ -254,9 +254,10 @@ class RouterConfig(_Strict):
     )
     default_max_tokens: int = Field(256, ge=1, description="used when a request sets none")
     disaggregation_threshold_tokens: int = Field(
-        0, ge=0,
+        512, ge=0,
         description="prompts shorter than this are prefilled by the decode engine "
-        "(0: every request goes through the prefill pool)",
+        "(0: every request goes through the prefill pool); 512 from the sweep in "
+        "docs/benchmarks.md",
     )
     admission: AdmissionConfig = AdmissionConfig()
     auth: AuthConfig = AuthConfig()

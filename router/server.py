@@ -114,10 +114,13 @@ class Router:
 
     @app.get("/health")
     async def health(self) -> JSONResponse:
-        try:
-            stats = (version.flow.pool_stats() for version in self._versions.values())
-            await asyncio.wait_for(asyncio.gather(*stats), timeout=5)
-        except Exception:  # any pool unreachable means not ready for traffic
+        checks = [asyncio.ensure_future(version.flow.pool_stats())
+                  for version in self._versions.values()]
+        done, pending = await asyncio.wait(checks, timeout=5)
+        for check in pending:
+            check.cancel()
+        # any pool unreachable or slow means not ready for traffic
+        if pending or any(check.exception() is not None for check in done):
             return error_response(service_unavailable("an engine pool is not available", 5))
         return JSONResponse({"status": "ok"})
 
