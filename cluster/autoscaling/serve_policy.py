@@ -256,6 +256,8 @@ def autoscaling_config_for(
         "max_replicas": bounds.max_replicas,
         "initial_replicas": start,
         "look_back_period_s": autoscaling.look_back_period_s,
+        # Serve wants several metric samples per look-back window.
+        "metrics_interval_s": min(10.0, autoscaling.look_back_period_s / 2),
         "upscale_delay_s": 0.0,
         "downscale_delay_s": 0.0,
     }
