@@ -51,7 +51,7 @@ from router.protocol import (
 )
 from router.rollout import RolloutClient
 from router.telemetry import RequestObserver, count_refusal
-from router.versions import choose_version
+from router.versions import choose_version, sticky_key_for
 
 logger = logging.getLogger(__name__)
 
@@ -156,9 +156,9 @@ class Router:
     @app.post("/v1/completions")
     async def completions(self, request: Request):
         arrival = time.monotonic()
-        api_key = self._authorize(request)
+        self._authorize(request)
         body = parse_request(await request.body(), CompletionRequest)
-        version_name, version = self._choose_version(body.model, api_key, body.user)
+        version_name, version = self._choose_version(request, body.model, body.user)
         prompt = body.single_prompt()
         if isinstance(prompt, str):
             prompt_ids = version.tokenizer.encode(prompt)
@@ -172,9 +172,9 @@ class Router:
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
         arrival = time.monotonic()
-        api_key = self._authorize(request)
+        self._authorize(request)
         body = parse_request(await request.body(), ChatCompletionRequest)
-        version_name, version = self._choose_version(body.model, api_key, body.user)
+        version_name, version = self._choose_version(request, body.model, body.user)
         try:
             text = version.tokenizer.apply_chat_template(
                 body.template_messages(), tokenize=False, add_generation_prompt=True
@@ -188,23 +188,19 @@ class Router:
 
     # ---- who, and which version ------------------------------------------------------
 
-    def _authorize(self, request: Request) -> str | None:
-        """Raise 401 unless authentication is off or the request carries a valid key.
-
-        Returns the caller's hashed API key (None without one), for version stickiness.
-        """
+    def _authorize(self, request: Request) -> None:
+        """Raise 401 unless authentication is off or the request carries a valid key."""
         authorization = request.headers.get("authorization")
         if not is_authorized(authorization, self._api_keys):
             raise unauthorized(has_key=bearer_token(authorization) is not None)
-        return client_key(authorization, None) if bearer_token(authorization) else None
 
-    def _choose_version(self, served_name: str, api_key: str | None,
+    def _choose_version(self, request: Request, served_name: str,
                         user: str | None) -> tuple[str, _Version]:
         weights = self._rollout.weights(served_name)
         if weights is None:
             raise model_not_found(served_name)
         # Sticky per user, else per API key: one conversation stays on one version.
-        sticky = f"user:{user}" if user else api_key
+        sticky = sticky_key_for(user, request.headers.get("authorization"))
         name = choose_version(weights, sticky, self._random.random(), served_name=served_name)
         return name, self._versions[name]
 
