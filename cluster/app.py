@@ -33,9 +33,10 @@ def build_app(config: PDServeConfig) -> Application:
     added to or removed from the config is a deployment added or removed, and the others
     keep running (and keep their streams) through ``serve deploy``.
     """
+    code_version = _code_version()  # read the engine sources once per build
     pools = {
         version: {
-            role: _engine_deployment(config, version, role).bind(config, version)
+            role: _engine_deployment(config, version, role, code_version).bind(config, version)
             for role in ("prefill", "decode")
         }
         for version in config.versions
@@ -54,7 +55,8 @@ def build_app(config: PDServeConfig) -> Application:
     ).bind(config, pools, rollout)
 
 
-def _engine_deployment(config: PDServeConfig, version: str, role: Role) -> Deployment:
+def _engine_deployment(config: PDServeConfig, version: str, role: Role,
+                       code_version: str) -> Deployment:
     server = PrefillServer if role == "prefill" else DecodeServer
     pool = config.pool(version, role)
     bounds = config.scaling_bounds(version, role)
@@ -69,7 +71,7 @@ def _engine_deployment(config: PDServeConfig, version: str, role: Role) -> Deplo
     )
     # Serve's public API no longer takes a version; without one, every deploy restarts
     # every engine. test_rollout checks that an unchanged engine keeps its replica.
-    deployment._version = stable_version(config, version, role, _code_version())
+    deployment._version = stable_version(config, version, role, code_version)
     return deployment
 
 
