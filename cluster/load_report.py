@@ -12,16 +12,20 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from cluster.autoscaling.serve_policy import (
-    ITL_P95_S,
-    KV_USAGE,
-    OUTPUT_TOKENS_PER_S,
-    PROMPT_TOKENS_PER_S,
-    QUEUED_PREFILL_TOKENS,
-    RUNNING_SEQS,
-    TTFT_P95_S,
-)
 from cluster.engine_stats import EngineStats
+
+# The names cluster.autoscaling's policies read (part of the engine side: a change here
+# must restart engines, cluster.app.ENGINE_SOURCES).
+QUEUED_PREFILL_TOKENS = "queued_prefill_tokens"  # prefill: prompt tokens waiting + in prefill
+TTFT_P95_S = "ttft_p95_s"                        # prefill: p95 arrival -> prefill done, seconds
+PROMPT_TOKENS_PER_S = "prompt_tokens_per_s"      # prefill: prompt tokens prefilled per second
+RUNNING_SEQS = "running_seqs"                    # decode: sequences being decoded
+KV_USAGE = "kv_usage"                            # decode: KV-cache blocks in use, 0..1
+ITL_P95_S = "itl_p95_s"                          # decode: p95 inter-token latency, seconds
+OUTPUT_TOKENS_PER_S = "output_tokens_per_s"      # decode: tokens generated per second
+
+PREFILL_METRICS = (QUEUED_PREFILL_TOKENS, TTFT_P95_S, PROMPT_TOKENS_PER_S)
+DECODE_METRICS = (RUNNING_SEQS, KV_USAGE, ITL_P95_S, OUTPUT_TOKENS_PER_S)
 
 WINDOW_S = 30.0
 MAX_SAMPLES = 20_000  # per window: memory stays bounded at any request rate

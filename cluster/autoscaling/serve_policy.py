@@ -10,8 +10,9 @@ The interface, as read in ray 2.60.0 (``ray/serve/config.py``, ``autoscaling_pol
   ``ctx.aggregated_metrics[name][replica_id]`` (each replica's time-weighted mean over
   ``look_back_period_s``, or min/max per ``aggregation_function``) and as
   ``ctx.raw_metrics[name][replica_id]`` (the time series). The names pdserve's replicas
-  report are the constants below; a replica that served nothing in the window should leave
-  out its latency keys rather than report 0.
+  report are those of ``cluster.load_report`` (the fields of ``ReplicaObservation``); a
+  replica that served nothing in the window leaves out its latency keys rather than
+  reporting 0.
 * A policy is named by ``AutoscalingPolicy.policy_function`` ("module:attr"). Serve passes
   ``policy_kwargs`` only to a *class*, instantiated once in the controller; a plain function
   never sees them. So the policies here are classes, built from
@@ -64,17 +65,6 @@ from cluster.metrics import (
 # A child of Serve's logger, so decisions land in the controller's Serve log.
 logger = logging.getLogger("ray.serve.pdserve.autoscaling")
 
-# --- what replicas report through record_autoscaling_stats() -----------------------------
-QUEUED_PREFILL_TOKENS = "queued_prefill_tokens"  # prefill: prompt tokens waiting + in prefill
-TTFT_P95_S = "ttft_p95_s"                        # prefill: p95 arrival -> prefill done, seconds
-PROMPT_TOKENS_PER_S = "prompt_tokens_per_s"      # prefill: prompt tokens prefilled per second
-RUNNING_SEQS = "running_seqs"                    # decode: sequences being decoded
-KV_USAGE = "kv_usage"                            # decode: KV-cache blocks in use, 0..1
-ITL_P95_S = "itl_p95_s"                          # decode: p95 inter-token latency, seconds
-OUTPUT_TOKENS_PER_S = "output_tokens_per_s"      # decode: tokens generated per second
-
-PREFILL_METRICS = (QUEUED_PREFILL_TOKENS, TTFT_P95_S, PROMPT_TOKENS_PER_S)
-DECODE_METRICS = (RUNNING_SEQS, KV_USAGE, ITL_P95_S, OUTPUT_TOKENS_PER_S)
 
 # Where the state of this package lives inside Serve's per-deployment policy_state.
 STATE_KEY = "pdserve_autoscaling"

@@ -316,14 +316,16 @@ def test_more_load_never_means_fewer_replicas(pool, current, load, state, bound,
 
 # --- the Ray Serve adapter -----------------------------------------------------------------
 
+from cluster import load_report  # noqa: E402  (what replicas report)
+
 ray_config = pytest.importorskip("ray.serve.config")
 
 
 def test_metric_names_are_the_observation_fields():
     names = {f.name for f in fields(ReplicaObservation)}
-    reported = set(serve_policy.PREFILL_METRICS) | set(serve_policy.DECODE_METRICS)
+    reported = set(load_report.PREFILL_METRICS) | set(load_report.DECODE_METRICS)
     assert reported == names
-    assert not set(serve_policy.PREFILL_METRICS) & set(serve_policy.DECODE_METRICS)
+    assert not set(load_report.PREFILL_METRICS) & set(load_report.DECODE_METRICS)
 
 
 def test_autoscaling_config_for_validates_as_serves_autoscaling_config():
