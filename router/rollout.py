@@ -59,6 +59,7 @@ class RolloutController:
         self._window = OutcomeWindow.for_policy(self._policy)
         self._changed_at = time.monotonic()
         self._decisions: deque[dict] = deque(maxlen=50)
+        self._last_hold_reason: str | None = None
         self._recorder = m.Recorder()
         self._loop_task: asyncio.Task | None = None
         self._publish()
@@ -125,10 +126,12 @@ class RolloutController:
         self._recorder.inc(m.CANARY_DECISIONS, {"model": self._rollout.served_name,
                                                 "action": decision.action})
         if decision.action == "hold":
-            last = self._decisions[-1] if self._decisions else None
-            if last is None or last["reason"] != decision.reason:
+            # Holds are not listed in _decisions; log one only when its reason changes.
+            if decision.reason != self._last_hold_reason:
                 logger.debug("canary %s: %s", self._rollout.served_name, decision.reason)
+                self._last_hold_reason = decision.reason
             return
+        self._last_hold_reason = None
         logger.warning("canary %s: %s", self._rollout.served_name, decision.reason)
         self._decisions.append({"at": time.time(), "action": decision.action,
                                 "from": decision.from_percent, "to": decision.to_percent,
