@@ -58,7 +58,22 @@ class TinyModelSpec(_Strict):
         return self
 
 
-class ModelConfig(_Strict):
+class Checkpoint(_Strict):
+    """Where a model version's weights and tokenizer are."""
+
+    path: Path = Field(description="local Hugging Face model directory (weights + tokenizer)")
+    generate: TinyModelSpec | None = Field(
+        None, description="generate a tiny random model at `path` if it is missing (dev only)"
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, path: Path) -> Path:
+        # Relative paths mean "from where pdserve was started"; every Ray worker must agree.
+        return path.expanduser().absolute()
+
+
+class ModelConfig(Checkpoint):
     """A single-version cluster in short: the served name and the one version behind it.
 
     ``model: {name, path, generate}`` is the same as ``versions: {<version>: {path,
@@ -68,17 +83,7 @@ class ModelConfig(_Strict):
     """
 
     name: str = Field(min_length=1, description="served model name (the `model` field)")
-    path: Path = Field(description="local Hugging Face model directory (weights + tokenizer)")
-    generate: TinyModelSpec | None = Field(
-        None, description="generate a tiny random model at `path` if it is missing (dev only)"
-    )
     version: str = Field("v1", pattern=VERSION_PATTERN, description="the version's name")
-
-    @field_validator("path")
-    @classmethod
-    def _absolute(cls, path: Path) -> Path:
-        # Relative paths mean "from where pdserve was started"; every Ray worker must agree.
-        return path.expanduser().absolute()
 
 
 class EngineConfig(_Strict):
@@ -132,20 +137,11 @@ class PoolConfig(_Strict):
     )
 
 
-class VersionConfig(_Strict):
+class VersionConfig(Checkpoint):
     """One model version: its weights and, optionally, pools sized apart from the default."""
 
-    path: Path = Field(description="local Hugging Face model directory (weights + tokenizer)")
-    generate: TinyModelSpec | None = Field(
-        None, description="generate a tiny random model at `path` if it is missing (dev only)"
-    )
     prefill: PoolConfig | None = Field(None, description="this version's prefill pool")
     decode: PoolConfig | None = Field(None, description="this version's decode pool")
-
-    @field_validator("path")
-    @classmethod
-    def _absolute(cls, path: Path) -> Path:
-        return path.expanduser().absolute()
 
 
 class KVTransferConfig(_Strict):
@@ -313,7 +309,7 @@ class PDServeConfig(_Strict):
             if not isinstance(model, dict):
                 return data
             version = model.get("version", "v1")
-            data["versions"] = {version: {k: model[k] for k in ("path", "generate")
+            data["versions"] = {version: {k: model[k] for k in Checkpoint.model_fields
                                           if k in model}}
             data.setdefault("served_models", {model.get("name"): {version: 100}})
         elif model is None and isinstance(versions, dict) and versions:
@@ -403,7 +399,7 @@ def _primary_model(versions: dict, served_models: Any) -> dict:
     if not isinstance(spec, dict):
         raise ValueError(f"served_models.{name} must map to declared versions")
     return {"name": name, "version": version,
-            **{k: spec[k] for k in ("path", "generate") if k in spec}}
+            **{k: spec[k] for k in Checkpoint.model_fields if k in spec}}
 
 
 def format_validation_error(error: ValidationError) -> str:
