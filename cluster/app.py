@@ -23,8 +23,6 @@ from router.request_routers import request_router_config
 from router.rollout import RolloutController
 from router.server import Router
 
-APP_NAME = "pdserve"
-
 
 def build_app(config: PDServeConfig) -> Application:
     """The router in front of a prefill and a decode deployment per model version.

@@ -101,7 +101,8 @@ def _deploy(config: PDServeConfig) -> int:
     import ray
     from ray import serve
 
-    from cluster.app import APP_NAME, build_app
+    from cluster.app import build_app
+    from cluster.serve_config import APP_NAME
 
     ray.init(address=config.ray.address or "auto", logging_level="warning")
     print(f"pdserve: deploying to the cluster at {ray.get_runtime_context().gcs_address}",
@@ -131,7 +132,8 @@ def _up(config: PDServeConfig) -> int:
     import ray
     from ray import serve
 
-    from cluster.app import APP_NAME, build_app
+    from cluster.app import build_app
+    from cluster.serve_config import APP_NAME
 
     serving, stop = threading.Event(), threading.Event()
 

@@ -18,7 +18,7 @@ from typing import Any
 from cluster.autoscaling.serve_policy import app_autoscaling_policy
 from cluster.config import PDServeConfig
 
-APP_NAME = "pdserve"
+APP_NAME = "pdserve"  # the Serve application, whichever way it is deployed
 APP_IMPORT_PATH = "cluster.app:app_builder"
 
 
