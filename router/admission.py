@@ -90,6 +90,17 @@ class AdmissionController:
     def queue_length(self) -> int:
         return len(self._waiting)
 
+    def snapshot(self) -> dict[str, int]:
+        """What the budget and the queue hold now (for operators and tests)."""
+        return {
+            "token_budget": self.policy.token_budget,
+            "tokens_in_flight": self.in_flight_tokens,
+            "long_tokens_in_flight": self.long_in_flight_tokens,
+            "running": len(self._running),
+            "queued": len(self._waiting),
+            "max_queue": self.policy.max_queue,
+        }
+
     def _fits(self, cost: int, long: bool) -> bool:
         # A request larger than the whole budget runs alone rather than never.
         if not self._running:

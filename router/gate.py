@@ -70,6 +70,10 @@ class AdmissionGate:
     def release(self, ticket: Ticket) -> None:
         self._wake(self._controller.release(ticket))
 
+    def snapshot(self) -> dict[str, int]:
+        """Tokens in flight, running and queued requests of this router replica."""
+        return self._controller.snapshot()
+
     def _leave(self, ticket: Ticket) -> bool:
         """Take a waiter out of the queue; False if it had been admitted meanwhile."""
         unblocked = self._controller.give_up(ticket)

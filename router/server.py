@@ -153,6 +153,13 @@ class Router:
         replica = serve.get_replica_context().replica_id.unique_id
         return JSONResponse({**await self._rollout.describe(), "router_replica": replica})
 
+    @app.get("/admin/admission")
+    async def admission(self, request: Request) -> JSONResponse:
+        """This router replica's admission state: the token budget in use and the queue."""
+        self._authorize(request)
+        replica = serve.get_replica_context().replica_id.unique_id
+        return JSONResponse({**self._gate.snapshot(), "router_replica": replica})
+
     @app.post("/v1/completions")
     async def completions(self, request: Request):
         arrival = time.monotonic()

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from tests.integration.conftest import CONFIG, MODEL, wait_until_idle
-from tests.integration.openai_http import generate
+from tests.integration.openai_http import AUTH, generate
 
 pytestmark = pytest.mark.integration
 
@@ -34,56 +34,99 @@ def test_short_prompts_skip_the_prefill_pool_and_long_ones_use_it(pdserve):
             > middle["decode"]["prompt_tokens_transferred"])
 
 
-def test_over_budget_load_is_queued_or_refused_while_admitted_requests_finish(pdserve):
-    """Budget 20,000 tokens, queue of 2, 3 s wait; each flood request may hold 7,000 tokens.
+HOLD_TOKENS = 7000  # decode steps of each budget holder: far longer than the refusals take
+KEY_A = {"Authorization": "Bearer key-a"}
+KEY_B = {"Authorization": "Bearer key-b"}
 
-    Key A floods; key B's small request arrives in the middle of it and is admitted at
-    once (it fits the budget, and A's waiters do not hold back another key).
+
+def test_over_budget_load_is_queued_or_refused_while_admitted_requests_finish(pdserve):
+    """Budget 20,000 tokens, queue of 2, 6 s wait; each of key A's requests may hold
+    ~7,200 tokens (prompt plus max_tokens), so two fit and a third does not.
+
+    Two of A's requests take the budget. Two more of A's requests wait and time out (503),
+    a fifth finds the queue full (429), and key B's small request, sent while A's waiters
+    wait, is admitted at once. The two then finish with every token and the budget
+    is whole again. Each step waits for the router's admission state, not for a fixed
+    time; the one race left is that the two holders must outlast the 6 s wait, and 7,000
+    decode steps take 15 s even at 2 ms a step (~60 s on two shared cores).
     """
     wait_until_idle(pdserve)
     admission = CONFIG.router.admission
-    body = {"model": MODEL, "prompt": "x" * 6000, "max_tokens": 1000, "ignore_eos": True}
-    assert 2 * 7000 <= admission.token_budget < 3 * 7000 and admission.max_queue == 2
-    finished_at: dict[str, float] = {}
+    assert admission.max_queue == 2 and admission.max_queue_per_key == 2
+    outcome = asyncio.run(_flood_from_key_a(pdserve))
 
-    async def send_all() -> tuple[list[httpx.Response], httpx.Response]:
-        async with httpx.AsyncClient(base_url=pdserve, timeout=300) as client:
-            loop = asyncio.get_running_loop()
-
-            async def flood(i: int) -> httpx.Response:
-                await asyncio.sleep(0.4 * i)  # arrive in order
-                response = await client.post(
-                    "/v1/completions", json={**body, "prompt": f"{i}" + body["prompt"]},
-                    headers={"Authorization": "Bearer key-a"})
-                finished_at[f"a{i}"] = loop.time()
-                return response
-
-            async def other_key() -> httpx.Response:
-                await asyncio.sleep(2.2)  # after the flood filled budget and queue
-                response = await client.post(
-                    "/v1/completions", headers={"Authorization": "Bearer key-b"},
-                    json={"model": MODEL, "prompt": "key b says hi", "max_tokens": 8})
-                finished_at["b"] = loop.time()
-                return response
-
-            *flooded, b = await asyncio.gather(*(flood(i) for i in range(5)), other_key())
-            return flooded, b
-
-    responses, b_response = asyncio.run(send_all())
-    # two fit the budget; two wait in the queue and time out; the fifth finds it full
-    assert [r.status_code for r in responses] == [200, 200, 503, 503, 429]
-    for response in responses[:2]:
-        assert response.json()["usage"]["completion_tokens"] == 1000
-    for response, code in zip(responses[2:], ["queue_timeout", "queue_timeout", "queue_full"],
-                              strict=True):
+    holders, held = outcome["holders"], outcome["held"]
+    prompt_tokens = [usage["prompt_tokens"] for _, usage in holders]
+    cost = [tokens + HOLD_TOKENS for tokens in prompt_tokens]
+    assert 2 * max(cost) <= admission.token_budget < 3 * min(cost)
+    # while the flood waited, the budget held exactly the two holders' worst case
+    assert (held["running"], held["queued"], held["tokens_in_flight"]) == (2, 2, sum(cost))
+    for status, usage in holders:
+        assert status == 200 and usage["completion_tokens"] == HOLD_TOKENS
+    statuses = [response.status_code for response in outcome["refused"]]
+    assert statuses == [503, 503, 429]
+    for response, code in zip(outcome["refused"], ["queue_timeout", "queue_timeout",
+                                                   "queue_full"], strict=True):
         assert response.headers["retry-after"] == str(admission.retry_after_s)
         error = response.json()["error"]
         assert (error["code"], error["type"]) == (code, "overloaded_error")
-    # the other key was served during the flood, not after it
+    # the other key was served during the flood, while A's requests waited
+    b_response = outcome["other_key"]
     assert b_response.status_code == 200
     assert b_response.json()["usage"]["completion_tokens"] == 8
-    assert finished_at["b"] < min(finished_at["a0"], finished_at["a1"])
+    assert outcome["after_other_key"]["queued"] == 2
+    assert outcome["after_refusals"]["queued"] == 0
+    # the budget was given back: nothing in flight, and the service admits again
+    assert (outcome["after"]["running"], outcome["after"]["tokens_in_flight"]) == (0, 0)
     wait_until_idle(pdserve)
-    # the budget was given back: the service admits again
     assert generate(pdserve, "completion", MODEL, "after the storm " * 5, stream=False,
                     max_tokens=4).status == 200
+
+
+async def _flood_from_key_a(pdserve: str) -> dict:
+    flood = {"model": MODEL, "max_tokens": HOLD_TOKENS, "ignore_eos": True}
+    async with httpx.AsyncClient(base_url=pdserve, timeout=300) as client:
+
+        async def state() -> dict:
+            response = await client.get("/admin/admission", headers=AUTH)
+            assert response.status_code == 200
+            return response.json()
+
+        async def until(condition, what: str) -> dict:
+            for _ in range(600):  # 60 s
+                current = await state()
+                if condition(current):
+                    return current
+                await asyncio.sleep(0.1)
+            pytest.fail(f"admission never reached: {what}; last {current}")
+
+        async def hold(i: int) -> tuple[int, dict]:
+            # Unary: a stream would make Serve's proxy relay every token, and on two
+            # shared cores that backlog delays the next requests by seconds.
+            response = await client.post("/v1/completions", headers=KEY_A,
+                                         json={**flood, "prompt": f"hold {i} " * 30})
+            return response.status_code, response.json()["usage"]
+
+        async def wait_in_queue(i: int) -> httpx.Response:
+            return await client.post("/v1/completions", headers=KEY_A,
+                                     json={**flood, "prompt": f"wait {i} " * 30})
+
+        assert (await state())["running"] == 0
+        holders = [asyncio.create_task(hold(i)) for i in range(2)]
+        await until(lambda s: s["running"] == 2, "both holders admitted")
+        waiters = []
+        for queued in (1, 2):
+            waiters.append(asyncio.create_task(wait_in_queue(queued)))
+            held = await until(lambda s, n=queued: s["queued"] == n, f"{queued} waiting")
+        full = await wait_in_queue(3)
+        other_key = await client.post(
+            "/v1/completions", headers=KEY_B,
+            json={"model": MODEL, "prompt": "key b says hi", "max_tokens": 8})
+        after_other_key = await state()
+        refused = [*await asyncio.gather(*waiters), full]
+        after_refusals = await state()
+        finished = await asyncio.gather(*holders)
+        after = await until(lambda s: s["running"] == 0, "the budget given back")
+    return {"holders": finished, "held": held, "refused": refused, "other_key": other_key,
+            "after_other_key": after_other_key, "after_refusals": after_refusals,
+            "after": after}

@@ -18,8 +18,12 @@ def test_admits_within_budget_then_queues_then_refuses():
     assert gate.request(4, 5, now=0).action == "queue"        # fits, but FIFO: no overtaking
     refused = gate.request(5, 1, now=0)
     assert (refused.action, refused.status, refused.retry_after_s) == ("reject", 429, 3)
+    assert gate.snapshot() == {"token_budget": 100, "tokens_in_flight": 90,
+                               "long_tokens_in_flight": 0, "running": 2, "queued": 2,
+                               "max_queue": 2}
     assert gate.release(1) == [3, 4]                          # 30 + 30 + 5 <= 100
     assert gate.in_flight_tokens == 65 and gate.queue_length == 0
+    assert gate.snapshot()["running"] == 3 and gate.snapshot()["queued"] == 0
 
 
 def test_waiters_expire_and_giving_up_unblocks_the_queue():
