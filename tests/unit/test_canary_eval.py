@@ -64,9 +64,11 @@ def assert_gone(pid: int) -> None:
             os.kill(pid, 0)
         except ProcessLookupError:
             return
-        status = Path(f"/proc/{pid}/status")
-        if status.exists() and "\nState:\tZ" in status.read_text():
-            return                                     # killed, awaiting its reaper
+        try:
+            if "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text():
+                return                                 # killed, awaiting its reaper
+        except FileNotFoundError:
+            return                                     # reaped since os.kill
         time.sleep(0.05)
     pytest.fail(f"process {pid} survived the timeout")
 
