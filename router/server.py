@@ -256,7 +256,8 @@ class Router:
             observer.finish("cancelled")
             raise
         observer.chunk(first)
-        headers = {"x-request-id": request_id, "x-pdserve-version": version_name}
+        headers = {"x-request-id": request_id, "x-pdserve-version": version_name,
+                   "x-pdserve-router": serve.get_replica_context().replica_id.unique_id}
         if body.stream:
             events = self._events(meta, prompt_ids, first, chunks, body.include_usage, observer)
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)
