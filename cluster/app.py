@@ -6,6 +6,7 @@ Ray's own tooling: ``serve run cluster.app:app_builder config=ray_configs/local.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 from pathlib import Path
 from typing import Any
@@ -14,13 +15,13 @@ from ray.serve import Application, Deployment
 
 from cluster.autoscaling.serve_policy import autoscaling_config_for
 from cluster.config import DEFAULT_CONFIG_PATH, PDServeConfig, load_config
-from cluster.engine_config import pool_deployment_options, stable_version
+from cluster.engine.args import pool_deployment_options, stable_version
 from cluster.tiny_model import ensure_model
 from decode.server import DecodeServer
 from kv_transfer.connector import Role
 from prefill.server import PrefillServer
-from router.request_routers import request_router_config
-from router.rollout import RolloutController
+from router.canary_rollout import RolloutController
+from router.replica_routers import request_router_config
 from router.server import Router
 
 
@@ -73,23 +74,50 @@ def _engine_deployment(config: PDServeConfig, version: str, role: Role,
     return deployment
 
 
-# What an engine replica runs: a change here must replace the engine replicas.
-ENGINE_SOURCES = (
-    "cluster/config.py", "cluster/strict.py", "cluster/autoscaling/config.py",
-    "cluster/load_report.py", "cluster/engine_config.py", "cluster/engine_host.py",
-    "cluster/engine_stats.py", "cluster/messages.py", "cluster/metrics.py",
-    "cluster/replica.py", "cluster/routing_stats.py", "prefill", "decode", "kv_transfer",
-)
+# What an engine replica runs: these folders and every project module they import. A change
+# to any of them must replace the engine replicas; anything else (the router) must not.
+ENGINE_PACKAGES = ("cluster/engine", "prefill", "decode", "kv_transfer")
+PROJECT_PACKAGES = ("cluster", "router", "prefill", "decode", "kv_transfer")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def engine_sources(root: Path = ROOT) -> list[Path]:
+    """The engine packages' files and, transitively, the project modules they import."""
+    pending = [f for package in ENGINE_PACKAGES for f in (root / package).rglob("*.py")]
+    seen: set[Path] = set()
+    while pending:
+        source = pending.pop()
+        if source in seen:
+            continue
+        seen.add(source)
+        pending.extend(_imported_project_files(source, root))
+    return sorted(seen)
+
+
+def _imported_project_files(source: Path, root: Path) -> list[Path]:
+    """Project files that ``source`` imports anywhere (lazy imports in functions too)."""
+    modules: list[str] = []
+    for node in ast.walk(ast.parse(source.read_bytes())):
+        if isinstance(node, ast.Import):
+            modules.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            modules.append(node.module)
+            modules.extend(f"{node.module}.{alias.name}" for alias in node.names)
+    files = []
+    for module in modules:
+        if module.split(".")[0] not in PROJECT_PACKAGES:
+            continue
+        base = root.joinpath(*module.split("."))
+        files.extend(f for f in (base.with_suffix(".py"), base / "__init__.py") if f.is_file())
+    return files
 
 
 def _code_version() -> str:
     """A digest of the engine side's source: new code means new engine replicas."""
-    root = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
-    for name in ENGINE_SOURCES:
-        path = root / name
-        for source in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
-            digest.update(source.read_bytes())
+    for source in engine_sources():
+        digest.update(str(source.relative_to(ROOT)).encode())
+        digest.update(source.read_bytes())
     return digest.hexdigest()[:16]
 
 

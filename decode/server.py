@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator
 
 from ray import serve
 
-from cluster.engine_host import EngineReplica
-from cluster.messages import EngineRequest, TokenChunk
+from cluster.engine.host import EngineReplica
+from cluster.engine.messages import EngineRequest, TokenChunk
 from kv_transfer.handle import KVHandle
 
 logger = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ import logging
 
 from ray import serve
 
-from cluster.engine_host import EngineReplica
-from cluster.messages import EngineRequest, PrefillResult
+from cluster.engine.host import EngineReplica
+from cluster.engine.messages import EngineRequest, PrefillResult
 from kv_transfer.handle import KVHandle, prefill_request_params
 
 logger = logging.getLogger(__name__)

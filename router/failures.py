@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 
 from cluster.metrics import outcome_for_status
 from router.errors import APIError, internal_error, service_unavailable
-from router.telemetry import RequestObserver
+from router.timing_metrics import RequestObserver
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 
-from cluster.messages import EngineRequest, PrefillResult, TokenChunk
+from cluster.engine.messages import EngineRequest, PrefillResult, TokenChunk
 from router.disaggregation import Path
 
 logger = logging.getLogger(__name__)

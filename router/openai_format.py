@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from cluster.messages import TokenChunk
+from cluster.engine.messages import TokenChunk
 
 Kind = Literal["completion", "chat"]
 

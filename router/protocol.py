@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from cluster.messages import SamplingSpec
+from cluster.engine.messages import SamplingSpec
 from router.errors import APIError, bad_request
 
 # Unknown fields are ignored, as OpenAI's API does: clients send fields this server does

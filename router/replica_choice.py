@@ -219,7 +219,7 @@ def load_from_stats(
     pending_tokens: int = 0,
     pending_requests: int = 0,
 ) -> ReplicaLoad:
-    """Read a replica's routing-stats dict (``cluster.routing_stats``) defensively.
+    """Read a replica's routing-stats dict (``cluster.engine.routing_stats``) defensively.
 
     Missing keys read as zero (a replica that has not reported yet is empty); a value of
     the wrong type reads as missing. Stale: the report carries ``reported_at`` and it is

@@ -24,11 +24,13 @@ from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cluster.config import PDServeConfig
-from cluster.messages import EngineRequest, TokenChunk
+from cluster.engine.messages import EngineRequest, TokenChunk
 from cluster.metrics import outcome_for_status
 from router import openai_format as fmt
 from router.admission import client_key
+from router.admission_gate import AdmissionGate
 from router.auth import accepted_digests, bearer_token, is_authorized
+from router.canary_rollout import RolloutClient
 from router.disaggregation import choose_path
 from router.errors import (
     APIError,
@@ -41,7 +43,6 @@ from router.errors import (
 )
 from router.failures import client_error, error_response, failed_response
 from router.flow import DisaggregatedFlow, prepend
-from router.gate import AdmissionGate
 from router.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -49,8 +50,7 @@ from router.protocol import (
     parse_request,
     resolve_max_tokens,
 )
-from router.rollout import RolloutClient
-from router.telemetry import RequestObserver, count_refusal
+from router.timing_metrics import RequestObserver, count_refusal
 from router.versions import choose_version, sticky_key_for
 
 logger = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ The interface, as read in ray 2.60.0 (``ray/serve/config.py``, ``autoscaling_pol
   ``ctx.aggregated_metrics[name][replica_id]`` (each replica's time-weighted mean over
   ``look_back_period_s``, or min/max per ``aggregation_function``) and as
   ``ctx.raw_metrics[name][replica_id]`` (the time series). The names pdserve's replicas
-  report are those of ``cluster.load_report`` (the fields of ``ReplicaObservation``); a
+  report are those of ``cluster.engine.load_report`` (the fields of ``ReplicaObservation``); a
   replica that served nothing in the window leaves out its latency keys rather than
   reporting 0.
 * A policy is named by ``AutoscalingPolicy.policy_function`` ("module:attr"). Serve passes

@@ -316,7 +316,7 @@ def test_more_load_never_means_fewer_replicas(pool, current, load, state, bound,
 
 # --- the Ray Serve adapter -----------------------------------------------------------------
 
-from cluster import load_report  # noqa: E402  (what replicas report)
+from cluster.engine import load_report  # noqa: E402  (what replicas report)
 
 ray_config = pytest.importorskip("ray.serve.config")
 

@@ -5,7 +5,7 @@ does before it contacts the cloud (the provider's defaults filled in, then Ray's
 schema and checks), the fake multi-node file as the autoscaler process started by
 `ray start --autoscaling-config` reads it. Whether the production pools fit their node
 types is decided by the autoscaler's own bin-packing, fed with the placement groups that
-pdserve really requests for a replica (``cluster.engine_config.pool_deployment_options``).
+pdserve really requests for a replica (``cluster.engine.args.pool_deployment_options``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from ray.core.generated.common_pb2 import Bundle, PlacementStrategy
 from ray.core.generated.gcs_pb2 import PlacementGroupTableData
 
 from cluster.config import PDServeConfig, PoolConfig, load_config
-from cluster.engine_config import pool_deployment_options
+from cluster.engine.args import pool_deployment_options
 
 REPO = Path(__file__).resolve().parents[2]
 RAY_CONFIGS = REPO / "ray_configs"

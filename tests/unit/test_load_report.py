@@ -1,7 +1,7 @@
 """What engine replicas report to the autoscaling policies (pure)."""
 
-from cluster.engine_stats import EngineStats
-from cluster.load_report import LatencyWindow, LoadReporter, RateMeter
+from cluster.engine.load_report import LatencyWindow, LoadReporter, RateMeter
+from cluster.engine.stats import EngineStats
 
 
 def test_latency_window_keeps_only_the_window_and_gives_the_nearest_rank_p95():

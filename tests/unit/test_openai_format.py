@@ -2,7 +2,7 @@
 
 import json
 
-from cluster.messages import TokenChunk
+from cluster.engine.messages import TokenChunk
 from router import openai_format as fmt
 
 COMPLETION = fmt.ResponseMeta("cmpl-1", "m", 1700000000, "completion", return_token_ids=True)

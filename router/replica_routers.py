@@ -39,7 +39,7 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
-from cluster.messages import EngineRequest
+from cluster.engine.messages import EngineRequest
 from router.replica_choice import (
     DecodePolicy,
     PendingTally,

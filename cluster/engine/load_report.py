@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from cluster.engine_stats import EngineStats
+from cluster.engine.stats import EngineStats
 
 # The names cluster.autoscaling's policies read (part of the engine side: a change here
 # must restart engines, cluster.app.ENGINE_SOURCES).

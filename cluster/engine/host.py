@@ -18,11 +18,11 @@ from typing import Any
 
 from cluster import metrics as m
 from cluster.config import PDServeConfig
-from cluster.engine_config import engine_env, engine_kwargs
-from cluster.engine_stats import EngineStats
-from cluster.load_report import LoadReporter
-from cluster.messages import EngineRequest, SamplingSpec
-from cluster.routing_stats import routing_stats_from
+from cluster.engine.args import engine_env, engine_kwargs
+from cluster.engine.load_report import LoadReporter
+from cluster.engine.messages import EngineRequest, SamplingSpec
+from cluster.engine.routing_stats import routing_stats_from
+from cluster.engine.stats import EngineStats
 from kv_transfer.connector import Role, connector_config, engine_id_for
 
 logger = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ class EngineHost:
         params = _sampling_params(request.sampling, kv_transfer_params, max_tokens, stream_deltas)
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
         # Until its first output a request's prompt is queued or being prefilled: the load
-        # the prefill pool's router balances on (cluster.routing_stats).
+        # the prefill pool's router balances on (cluster.engine.routing_stats).
         prompt_tokens = len(request.prompt_token_ids)
         self.stats.queued_prefill_tokens += prompt_tokens
         queued = True
@@ -250,7 +250,7 @@ class EngineReplica:
     role: Role
 
     def __init__(self, config: PDServeConfig, version: str):
-        from cluster.replica import current_replica_identity
+        from cluster.engine.identity import current_replica_identity
 
         identity = current_replica_identity(config, config.pool_index(version, self.role))
         self._drain_timeout_s = config.pool(version, self.role).drain_timeout_s

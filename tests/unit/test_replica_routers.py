@@ -15,11 +15,11 @@ from ray.serve._private.common import DeploymentHandleSource, DeploymentID, Requ
 from ray.serve.config import RequestRouterConfig
 from ray.serve.request_router import PendingRequest, ReplicaID
 
-from cluster.engine_stats import EngineStats
-from cluster.messages import EngineRequest, SamplingSpec
-from cluster.routing_stats import routing_stats_from
+from cluster.engine.messages import EngineRequest, SamplingSpec
+from cluster.engine.routing_stats import routing_stats_from
+from cluster.engine.stats import EngineStats
 from router.replica_choice import load_from_stats
-from router.request_routers import (
+from router.replica_routers import (
     CODE_DIGEST_KEY,
     DecodeRequestRouter,
     PrefillRequestRouter,
@@ -328,7 +328,7 @@ def test_update_replicas_forgets_removed_replicas():
 def test_router_config_names_the_class_and_carries_the_block_size():
     config = request_router_config("prefill", 32)
     assert isinstance(config, RequestRouterConfig)
-    assert config.request_router_class == "router.request_routers.PrefillRequestRouter"
+    assert config.request_router_class == "router.replica_routers.PrefillRequestRouter"
     kwargs = dict(config.request_router_kwargs)
     assert len(kwargs.pop(CODE_DIGEST_KEY)) == 16 and kwargs == {"block_size": 32}
     assert config.request_routing_stats_period_s == 1.0

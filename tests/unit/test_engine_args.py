@@ -1,8 +1,8 @@
 """Engine arguments, environment and deployment options derived from the config."""
 
 from cluster.config import parse_config
-from cluster.engine_config import engine_env, engine_kwargs, pool_deployment_options
-from cluster.engine_stats import EngineStats
+from cluster.engine.args import engine_env, engine_kwargs, pool_deployment_options
+from cluster.engine.stats import EngineStats
 
 BASE = {
     "model": {"name": "m", "path": "/models/m"},

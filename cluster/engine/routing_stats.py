@@ -18,7 +18,7 @@ Keys:
 
 from __future__ import annotations
 
-from cluster.engine_stats import EngineStats
+from cluster.engine.stats import EngineStats
 
 
 def routing_stats_from(

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from cluster import metrics as m
-from cluster.messages import TokenChunk
+from cluster.engine.messages import TokenChunk
 from router.timing import RequestTimer
 
 RECORDER = m.Recorder()
