@@ -3,7 +3,7 @@ CONFIG ?= ray_configs/local.yaml
 PYTEST_ARGS ?=
 VENV := .venv
 
-.PHONY: setup run test test-multinode unit lint model clean
+.PHONY: setup run test test-multinode unit component lint model clean
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -20,8 +20,14 @@ test: setup
 test-multinode: setup
 	$(VENV)/bin/python -m pytest -ra -s -m multinode $(PYTEST_ARGS)
 
+# Pure tests: no Ray, torch, vLLM or subprocesses (tests/unit/test_purity.py keeps it so).
 unit: setup
 	$(VENV)/bin/python -m pytest -ra tests/unit $(PYTEST_ARGS)
+
+# One part against its real dependency (Serve's routing loop and schemas, Ray's autoscaler,
+# torch, child processes), with no cluster started.
+component: setup
+	$(VENV)/bin/python -m pytest -ra tests/component $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .
