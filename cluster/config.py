@@ -1,4 +1,4 @@
-"""The one configuration model of a pdserve cluster.
+"""The one configuration model of a pdserve cluster (pure).
 
 A cluster is described by one YAML file (default ``ray_configs/local.yaml``) loaded into
 :class:`PDServeConfig`. Defaults live here and nowhere else; every other module receives

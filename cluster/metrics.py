@@ -1,4 +1,4 @@
-"""pdserve's Prometheus metrics: the catalogue (pure) and the recorders (thin Ray shell).
+"""pdserve's Prometheus metrics: the catalogue and its recorders (shell: recorders write via Ray).
 
 Metrics are recorded with ``ray.util.metrics`` in whichever replica observes them (the
 router for what clients experience, each engine replica for its pool), and Ray exports them

@@ -1,4 +1,4 @@
-"""A Ray Serve config file for a pdserve config (pure): the declarative deploy path.
+"""A Ray Serve config file for a pdserve config (shell): the declarative deploy path.
 
 ``pdserve up`` / ``pdserve deploy`` use ``serve.run``, which in Ray Serve 2.60 cannot carry
 an application-level autoscaling policy. ``serve deploy`` of a Serve config file can:

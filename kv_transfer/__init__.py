@@ -1,8 +1,9 @@
 """The KV-transfer layer: what passes between the prefill and decode pools.
 
-Pure modules only (no Ray, vLLM, torch or HTTP): the typed KV handle, the NIXL side-channel
-addressing that keeps replicas from colliding, and the vLLM connector configuration of
-each role. The engines apply them; vLLM's NixlConnector moves the blocks.
+The typed KV handle and the NIXL side-channel addressing that keeps replicas from colliding
+(both pure), the vLLM connector configuration of each role, and ``vllm_plugin`` (a shell:
+vLLM loads it in every engine process to set NIXL's agent options). The engines apply
+them; vLLM's NixlConnector moves the blocks.
 """
 
 from kv_transfer.connector import connector_config, engine_id_for

@@ -1,4 +1,4 @@
-"""The KV handle: where a finished prefill left its KV blocks, and for how long.
+"""The KV handle: where a finished prefill left its KV blocks, and for how long (pure).
 
 The prefill engine returns it (vLLM's ``kv_transfer_params`` of a request finished with
 ``do_remote_decode``); the router passes it, unchanged, to the decode engine, whose

@@ -1,4 +1,4 @@
-"""NIXL side-channel ports: unique for every engine on a node, stable across restarts.
+"""NIXL side-channel ports: unique for every engine on a node, stable across restarts (pure).
 
 Each engine's NixlConnector listens on ``VLLM_NIXL_SIDE_CHANNEL_PORT`` (plus its
 tensor-parallel rank, one port per worker), and peers reach it there to exchange block

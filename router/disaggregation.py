@@ -1,4 +1,4 @@
-"""Whether a request goes through the prefill pool or is prefilled by its decode engine.
+"""Whether a request goes through the prefill pool or is prefilled by its decode engine (pure).
 
 Disaggregation has a fixed cost per request: a hop to a prefill replica, a KV transfer
 and a second scheduling on the decode side (~75 ms at low load on the project's CPU

@@ -1,4 +1,4 @@
-"""Messages passed between the router and the engine deployments (plain dataclasses).
+"""Messages passed between the router and the engine deployments (pure: plain dataclasses).
 
 They cross Ray calls, so they hold only plain values; the engine hosts turn them into
 vLLM objects and back.
