@@ -14,8 +14,9 @@ import os
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cluster.config import PDServeConfig
 from cluster.engine.messages import EngineRequest, TokenChunk
-from cluster.metrics import outcome_for_status
+from cluster.metrics import Outcome
 from router import openai_format as fmt
 from router.admission import client_key
 from router.admission_gate import AdmissionGate
@@ -41,8 +42,9 @@ from router.errors import (
     service_unavailable,
     unauthorized,
 )
-from router.failures import client_error, error_response, failed_response
+from router.failures import error_response
 from router.flow import DisaggregatedFlow, prepend
+from router.lifecycle import RequestLifecycle
 from router.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -86,6 +88,30 @@ class _Version:
     flow: DisaggregatedFlow
 
 
+RequestBody = CompletionRequest | ChatCompletionRequest
+PromptIds = Callable[[Any, _Version], list[int]]
+
+
+def completion_prompt_ids(body: CompletionRequest, version: _Version) -> list[int]:
+    """The prompt of ``/v1/completions``: text tokenized, or token ids checked."""
+    prompt = body.single_prompt()
+    if isinstance(prompt, str):
+        return version.tokenizer.encode(prompt)
+    check_token_ids(prompt, version.vocab_size)
+    return list(prompt)
+
+
+def chat_prompt_ids(body: ChatCompletionRequest, version: _Version) -> list[int]:
+    """The prompt of ``/v1/chat/completions``: the messages through the chat template."""
+    try:
+        text = version.tokenizer.apply_chat_template(
+            body.template_messages(), tokenize=False, add_generation_prompt=True
+        )
+    except Exception as error:  # a template may refuse e.g. a role order it cannot render
+        raise bad_request(f"messages cannot be rendered: {error}", "messages") from None
+    return version.tokenizer.encode(text, add_special_tokens=False)
+
+
 @serve.deployment
 @serve.ingress(app)
 class Router:
@@ -109,6 +135,7 @@ class Router:
         )
         self._random = random.Random()
         self._created = int(time.time())
+        self._replica: str | None = None
 
     # ---- endpoints -------------------------------------------------------------------
 
@@ -150,48 +177,35 @@ class Router:
         """The weights in force per served name, the canary gate's recent decisions and
         the router replica that answered (rollouts replace it)."""
         self._authorize(request)
-        replica = serve.get_replica_context().replica_id.unique_id
-        return JSONResponse({**await self._rollout.describe(), "router_replica": replica})
+        return JSONResponse({**await self._rollout.describe(),
+                             "router_replica": self._replica_id})
 
     @app.get("/admin/admission")
     async def admission(self, request: Request) -> JSONResponse:
         """This router replica's admission state: the token budget in use and the queue."""
         self._authorize(request)
-        replica = serve.get_replica_context().replica_id.unique_id
-        return JSONResponse({**self._gate.snapshot(), "router_replica": replica})
+        return JSONResponse({**self._gate.snapshot(), "router_replica": self._replica_id})
 
     @app.post("/v1/completions")
     async def completions(self, request: Request):
-        arrival = time.monotonic()
-        self._authorize(request)
-        body = parse_request(await request.body(), CompletionRequest)
-        version_name, version = self._choose_version(request, body.model, body.user)
-        prompt = body.single_prompt()
-        if isinstance(prompt, str):
-            prompt_ids = version.tokenizer.encode(prompt)
-        else:
-            check_token_ids(prompt, version.vocab_size)
-            prompt_ids = list(prompt)
-        return await self._serve(body, prompt_ids, "completion", "cmpl", arrival,
-                                 client_key(request.headers.get("authorization"), body.user),
-                                 version_name)
+        return await self._handle(request, CompletionRequest, completion_prompt_ids,
+                                  "completion", "cmpl")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
+        return await self._handle(request, ChatCompletionRequest, chat_prompt_ids,
+                                  "chat", "chatcmpl")
+
+    async def _handle(self, request: Request, schema: type[RequestBody],
+                      prompt_ids_of: PromptIds, kind: fmt.Kind, id_prefix: str):
+        """Both endpoints: authenticate, parse, choose the version, tokenize, serve."""
         arrival = time.monotonic()
         self._authorize(request)
-        body = parse_request(await request.body(), ChatCompletionRequest)
+        body = parse_request(await request.body(), schema)
         version_name, version = self._choose_version(request, body.model, body.user)
-        try:
-            text = version.tokenizer.apply_chat_template(
-                body.template_messages(), tokenize=False, add_generation_prompt=True
-            )
-        except Exception as error:  # a template may refuse e.g. a role order it cannot render
-            raise bad_request(f"messages cannot be rendered: {error}", "messages") from None
-        prompt_ids = version.tokenizer.encode(text, add_special_tokens=False)
-        return await self._serve(body, prompt_ids, "chat", "chatcmpl", arrival,
-                                 client_key(request.headers.get("authorization"), body.user),
-                                 version_name)
+        prompt_ids = prompt_ids_of(body, version)
+        key = client_key(request.headers.get("authorization"), body.user)
+        return await self._serve(body, prompt_ids, kind, id_prefix, arrival, key, version_name)
 
     # ---- who, and which version ------------------------------------------------------
 
@@ -213,9 +227,16 @@ class Router:
 
     # ---- the serving path ------------------------------------------------------------
 
+    @property
+    def _replica_id(self) -> str:
+        """This router replica (fixed for its life; answers carry it)."""
+        if self._replica is None:
+            self._replica = serve.get_replica_context().replica_id.unique_id
+        return self._replica
+
     async def _serve(
-        self, body, prompt_ids: list[int], kind: fmt.Kind, id_prefix: str, arrival: float,
-        key: str, version_name: str,
+        self, body: RequestBody, prompt_ids: list[int], kind: fmt.Kind, id_prefix: str,
+        arrival: float, key: str, version_name: str,
     ):
         version = self._versions[version_name]
         max_tokens = resolve_max_tokens(
@@ -225,67 +246,43 @@ class Router:
             self._config.router.default_max_tokens,
         )
         request_id = f"{id_prefix}-{uuid.uuid4().hex}"
+        path = choose_path(len(prompt_ids), self._config.router.disaggregation_threshold_tokens)
+        lifecycle = RequestLifecycle(self._gate, request_id, RequestObserver(
+            body.model, version_name, path, arrival, len(prompt_ids),
+            on_finish=self._rollout.record))
+        # The most KV this request can come to hold: prompt plus every allowed token.
+        refusal = await lifecycle.admit(len(prompt_ids) + max_tokens, key, len(prompt_ids))
+        if refusal is not None:
+            return refusal
         engine_request = EngineRequest(request_id, tuple(prompt_ids), body.sampling(max_tokens))
+        chunks = lifecycle.observed(version.flow.generate(engine_request, path))
+        # Wait for the first token before answering, so that a failure before any
+        # output still gets a proper status code instead of an error inside a 200 stream.
+        first, failure = await lifecycle.attempt(anext(chunks))
+        if failure is not None:
+            await chunks.aclose()
+            return failure
         meta = fmt.ResponseMeta(
             request_id, body.model, int(time.time()), kind, body.return_token_ids
         )
-        path = choose_path(len(prompt_ids), self._config.router.disaggregation_threshold_tokens)
-        observer = RequestObserver(body.model, version_name, path, arrival,
-                                   len(prompt_ids), on_finish=self._rollout.record)
-        try:
-            # The most KV this request can come to hold: prompt plus every allowed token.
-            ticket = await self._gate.acquire(len(prompt_ids) + max_tokens, key,
-                                              prompt_tokens=len(prompt_ids))
-        except APIError as refusal:
-            observer.finish(outcome_for_status(refusal.status))
-            return error_response(refusal, request_id)
-        except BaseException:
-            observer.finish("cancelled")
-            raise
-        observer.dispatched()
-        chunks = self._released_at_end(ticket, version.flow.generate(engine_request, path))
-        try:
-            # Wait for the first token before answering, so that a failure before any
-            # output still gets a proper status code instead of an error inside a 200 stream.
-            first = await anext(chunks)
-        except Exception as error:
-            await chunks.aclose()
-            return failed_response(error, request_id, observer)
-        except BaseException:  # cancelled: the client went away
-            await chunks.aclose()
-            observer.finish("cancelled")
-            raise
-        observer.chunk(first)
         headers = {"x-request-id": request_id, "x-pdserve-version": version_name,
-                   "x-pdserve-router": serve.get_replica_context().replica_id.unique_id}
+                   "x-pdserve-router": self._replica_id}
         if body.stream:
-            events = self._events(meta, prompt_ids, first, chunks, body.include_usage, observer)
+            events = self._events(meta, prompt_ids, first, chunks, body.include_usage, lifecycle)
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)
         try:
-            response = await self._collect(meta, prompt_ids, first, chunks, observer)
-        except Exception as error:
-            return failed_response(error, request_id, observer)
-        except BaseException:
-            observer.finish("cancelled")
-            raise
+            response, failure = await lifecycle.attempt(
+                self._collect(meta, prompt_ids, first, chunks))
         finally:
             await chunks.aclose()  # ends the decode stream and frees the admission ticket
-        observer.finish("ok")
+        if failure is not None:
+            return failure
+        lifecycle.finish("ok")
         return JSONResponse(response, headers=headers)
 
-    async def _released_at_end(self, ticket, chunks):
-        """``chunks``, giving the admission ticket back however the stream ends."""
-        try:
-            async for chunk in chunks:
-                yield chunk
-        finally:
-            self._gate.release(ticket)
-            await chunks.aclose()
-
-    async def _collect(self, meta, prompt_ids, first: TokenChunk, chunks, observer) -> dict:
+    async def _collect(self, meta, prompt_ids, first: TokenChunk, chunks) -> dict:
         texts, token_ids, last = [first.text], list(first.token_ids), first
         async for chunk in chunks:
-            observer.chunk(chunk)
             texts.append(chunk.text)
             token_ids.extend(chunk.token_ids)
             last = chunk
@@ -295,9 +292,10 @@ class Router:
         )
 
     async def _events(
-        self, meta, prompt_ids, first: TokenChunk, chunks, include_usage: bool, observer
+        self, meta, prompt_ids, first: TokenChunk, chunks, include_usage: bool,
+        lifecycle: RequestLifecycle,
     ) -> AsyncIterator[str]:
-        outcome = "cancelled"  # unless the stream reaches its end
+        outcome: Outcome = "cancelled"  # unless the stream reaches its end
         try:
             start = fmt.stream_start(meta, prompt_ids)
             if start:
@@ -305,8 +303,6 @@ class Router:
             last = first
             pending_prompt_ids = None if start else prompt_ids
             async for chunk in prepend(first, chunks):
-                if chunk is not first:
-                    observer.chunk(chunk)
                 event = fmt.stream_chunk(meta, chunk, pending_prompt_ids)
                 if event:
                     yield event
@@ -316,10 +312,8 @@ class Router:
                 yield fmt.stream_usage(meta, last)
             outcome = "ok"
         except Exception as error:  # the status line is gone: report inside the stream
-            api_error = client_error(error, meta.request_id)
-            outcome = outcome_for_status(api_error.status)
-            yield fmt.stream_error(api_error.body())
+            yield fmt.stream_error(lifecycle.stream_failure(error).body())
         finally:
-            observer.finish(outcome)
+            lifecycle.finish(outcome)
             await chunks.aclose()
         yield fmt.DONE_EVENT
