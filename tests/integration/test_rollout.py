@@ -135,9 +135,11 @@ def _streams_across_a_deploy(pdserve: str,
     deploying.start()
     # The old router replica drains from when the new one is started; the first answer
     # from the new one means the swap is under way.
+    deadline = time.monotonic() + 600
     while router_replica(pdserve) == old_router:
         assert deploying.is_alive() or any(t.is_alive() for t in threads), \
             "the router was never replaced"
+        assert time.monotonic() < deadline, "the router was not replaced within 600 s"
         time.sleep(0.2)
     seen_new = time.monotonic()
     stop.set()
