@@ -93,7 +93,7 @@ def _deploy(config: PDServeConfig) -> int:
     """Apply ``config`` to the cluster that `pdserve up` (or `ray up`) runs.
 
     Deployments whose own settings did not change keep their replicas (engines are not
-    restarted, cluster.app.stable_version); changed ones are replaced replica by replica,
+    restarted, cluster.engine.args.stable_version); changed ones are replaced replica by replica,
     and a replaced replica finishes its in-flight requests first.
     """
     if _model(config) != 0:

@@ -9,7 +9,6 @@ prompt itself (the decode-local path).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 
 from ray import serve
@@ -17,8 +16,6 @@ from ray import serve
 from cluster.engine.host import EngineReplica
 from cluster.engine.messages import EngineRequest, TokenChunk
 from kv_transfer.handle import KVHandle
-
-logger = logging.getLogger(__name__)
 
 
 @serve.deployment

@@ -8,15 +8,11 @@ rejects them, or when their lease expires.
 
 from __future__ import annotations
 
-import logging
-
 from ray import serve
 
 from cluster.engine.host import EngineReplica
 from cluster.engine.messages import EngineRequest, PrefillResult
 from kv_transfer.handle import KVHandle, prefill_request_params
-
-logger = logging.getLogger(__name__)
 
 
 @serve.deployment

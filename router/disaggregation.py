@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-Path = Literal["disaggregated", "decode_local"]
+Route = Literal["disaggregated", "decode_local"]
 
 
-def choose_path(prompt_tokens: int, threshold_tokens: int) -> Path:
+def choose_path(prompt_tokens: int, threshold_tokens: int) -> Route:
     """``decode_local`` for prompts under ``threshold_tokens`` (0 disaggregates all)."""
     return "decode_local" if prompt_tokens < threshold_tokens else "disaggregated"

@@ -12,7 +12,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from cluster.engine.messages import EngineRequest, PrefillResult, TokenChunk
-from router.disaggregation import Path
+from router.disaggregation import Route
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ class DisaggregatedFlow:
         self._decode_unary = decode_handle
 
     async def generate(
-        self, request: EngineRequest, path: Path = "disaggregated"
+        self, request: EngineRequest, path: Route = "disaggregated"
     ) -> AsyncIterator[TokenChunk]:
         """Yield the request's token chunks; the last one carries ``finish_reason``.
 

@@ -79,7 +79,7 @@ _EPS = 1e-9
 class ReplicaObservation:
     """One replica's report; None where it reported nothing.
 
-    Units match the metric names of ``cluster.autoscaling.serve_policy``: tokens, sequences,
+    Units match the metric names of ``cluster.engine.load_report``: tokens, sequences,
     a 0..1 fraction, seconds and tokens per second.
     """
 
