@@ -4,27 +4,34 @@ A request costs its prompt tokens plus its ``max_tokens`` (the most KV it can co
 hold). Requests run while their costs fit the budget; beyond it they wait. Each client key
 (an API key, or the ``user`` field) has its own FIFO queue, and the queues take turns
 (round robin), so one key flooding the service cannot starve the others: it fills only its
-own queue (``max_queue_per_key``, then 429), gets one admission per turn, and its waiters
-do not hold back another key's request that fits the budget. A full global
-queue refuses at once (429) and a request that waited longer than the maximum is refused
-(503). Both refusals carry a Retry-After. Overload thus queues or refuses instead of
-pushing engines into preemption or out of memory.
+own queue (``max_queue_per_key``, then a refusal), gets one admission per turn, and its
+waiters do not hold back another key's request that fits the budget. A full global
+queue refuses at once and a request that has waited ``max_wait_s`` is refused (the shell
+answers these 429 and 503). Both refusals carry a Retry-After. Overload thus queues or
+refuses instead of pushing engines into preemption or out of memory.
 
 Long prompts take a lane of their own: together they may hold at most ``long_budget``
 tokens, and they wait in queues apart from the same key's short requests. A burst of
 8K-token prompts therefore never takes the whole budget, and the short chats behind it
 are not held up waiting for one to finish.
 
-The controller holds no clock and no asyncio: the shell passes ``now`` in and resolves
-the waiters it returns, so a recorded trace replays exactly.
+The controller holds no clock and no asyncio: the shell passes ``now`` in, resolves the
+waiters it returns, sleeps until ``next_deadline()`` and refuses exactly the waiters that
+``expire(now)`` names. Every decision, the 503s included, is therefore the controller's,
+and a recorded trace replays exactly.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+from cluster.digest import short_digest
+from router.auth import bearer_token
+
+if TYPE_CHECKING:  # only the type: the policy reads a config, it does not import its loader
+    from cluster.config import AdmissionConfig
 
 Ticket = int
 
@@ -32,10 +39,13 @@ Ticket = int
 def client_key(authorization: str | None, user: str | None) -> str:
     """Whose share of the queue a request uses: its API key, else its ``user``.
 
-    The key is hashed: raw API keys must never reach logs or metrics.
+    The key is read the way authentication reads it (``bearer_token``), so a request
+    queues under the key it was authorised with; it is hashed: raw API keys must never
+    reach logs or metrics.
     """
-    if authorization and authorization.lower().startswith("bearer ") and authorization[7:]:
-        return "key:" + hashlib.sha256(authorization[7:].encode()).hexdigest()[:16]
+    token = bearer_token(authorization)
+    if token is not None:
+        return "key:" + short_digest(token)
     if user:
         return "user:" + user
     return "anonymous"
@@ -43,20 +53,28 @@ def client_key(authorization: str | None, user: str | None) -> str:
 
 @dataclass(frozen=True)
 class AdmissionPolicy:
+    """The limits admission enforces. Built with :meth:`from_config`: defaults and
+    validation live in ``AdmissionConfig`` (budget >= 1, queues >= 0, a wait > 0, ...)."""
+
     token_budget: int        # in-flight prompt + max_tokens allowed at once
     max_queue: int           # requests allowed to wait
-    max_wait_s: float        # longest a request may wait before 503
-    retry_after_s: int = 1
-    max_queue_per_key: int | None = None  # one key's share of the queue (None: max_queue)
-    long_budget: int | None = None   # what long-lane requests may hold together (None: all)
+    max_wait_s: float        # longest a request may wait before it is refused
+    retry_after_s: int       # what refusals tell the client to wait before retrying
+    max_queue_per_key: int | None  # one key's share of the queue (None: max_queue)
+    long_budget: int | None  # what long-lane requests may hold together (None: no lane)
 
-    def __post_init__(self) -> None:
-        if self.token_budget < 1 or self.max_queue < 0 or self.max_wait_s <= 0:
-            raise ValueError("token_budget >= 1, max_queue >= 0 and max_wait_s > 0 required")
-        if self.max_queue_per_key is not None and self.max_queue_per_key < 0:
-            raise ValueError("max_queue_per_key must be >= 0")
-        if self.long_budget is not None and self.long_budget < 1:
-            raise ValueError("long_budget must be >= 1")
+    @classmethod
+    def from_config(cls, config: AdmissionConfig) -> AdmissionPolicy:
+        """The policy of a validated ``router.admission`` section.
+
+        The long lane's budget is ``long_lane_share`` of the whole budget (at least one
+        token), and only when a lane is configured (``long_prompt_tokens``).
+        """
+        long_budget = (max(1, int(config.token_budget * config.long_lane_share))
+                       if config.long_prompt_tokens is not None else None)
+        return cls(token_budget=config.token_budget, max_queue=config.max_queue,
+                   max_wait_s=config.max_wait_s, retry_after_s=config.retry_after_s,
+                   max_queue_per_key=config.max_queue_per_key, long_budget=long_budget)
 
     @property
     def key_queue_limit(self) -> int:
@@ -65,9 +83,19 @@ class AdmissionPolicy:
 
 @dataclass(frozen=True)
 class Decision:
+    """What happens to a new request. A refusal means the queue is full; how that reads
+    over HTTP (429) is the shell's business."""
+
     action: Literal["admit", "queue", "reject"]
-    status: int | None = None        # 429 when rejected
-    retry_after_s: int | None = None
+    retry_after_s: int | None = None  # set when refused
+
+
+@dataclass(frozen=True)
+class Expiry:
+    """Waiters refused for waiting ``max_wait_s``, and those admitted because they left."""
+
+    refused: tuple[Ticket, ...]
+    admitted: tuple[Ticket, ...]
 
 
 ADMIT = Decision("admit")
@@ -123,7 +151,7 @@ class AdmissionController:
                           for lane in (False, True))
         if (len(self._waiting) >= self.policy.max_queue
                 or own_waiters >= self.policy.key_queue_limit):
-            return Decision("reject", 429, self.policy.retry_after_s)
+            return Decision("reject", self.policy.retry_after_s)
         self._waiting[ticket] = (cost, now, queue)
         if queue not in self._queues:
             self._queues[queue] = deque()
@@ -143,21 +171,38 @@ class AdmissionController:
         """A waiter leaves the queue (timed out or client gone).
 
         Returns the waiters admitted because it left (it may have blocked the head), or
-        None if it was not waiting: it had been admitted already.
+        None if it was not waiting: it had been admitted (or refused) already.
         """
-        entry = self._waiting.pop(ticket, None)
-        if entry is None:
+        if ticket not in self._waiting:
             return None
-        key = entry[2]
-        self._queues[key].remove(ticket)
-        if not self._queues[key]:
-            self._drop_key(key)
+        self._remove_waiter(ticket)
         return self._admit_waiters()
 
     def expired(self, now: float) -> list[Ticket]:
-        """Waiters that have waited longer than ``max_wait_s`` (to be refused with 503)."""
-        return [t for t, (_, since, _) in self._waiting.items()
-                if now - since > self.policy.max_wait_s]
+        """Waiters whose deadline (arrival + ``max_wait_s``) is ``now`` or earlier."""
+        return [t for t, (_, since, _) in self._waiting.items() if self._deadline(since) <= now]
+
+    def next_deadline(self) -> float | None:
+        """When the next waiter expires (None: nobody waits): when the shell calls ``expire``."""
+        return min((self._deadline(since) for _, since, _ in self._waiting.values()),
+                   default=None)
+
+    def expire(self, now: float) -> Expiry:
+        """Take the expired waiters out of the queue (the shell refuses them) and admit
+        whoever they were holding back."""
+        refused = self.expired(now)
+        for ticket in refused:
+            self._remove_waiter(ticket)
+        return Expiry(tuple(refused), tuple(self._admit_waiters()) if refused else ())
+
+    def _deadline(self, since: float) -> float:
+        return since + self.policy.max_wait_s
+
+    def _remove_waiter(self, ticket: Ticket) -> None:
+        queue = self._waiting.pop(ticket)[2]
+        self._queues[queue].remove(ticket)
+        if not self._queues[queue]:
+            self._drop_key(queue)
 
     def _start(self, ticket: Ticket, cost: int, long: bool) -> None:
         self._running[ticket] = (cost, long)

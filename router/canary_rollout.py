@@ -7,6 +7,9 @@ way. Each ``interval_s`` the controller asks the gate: promote runs the evaluati
 first (its veto holds, or rolls back), rollback sets the candidate's share to 0. Every
 decision other than a repeated hold is logged with its reason and counted in
 ``pdserve_canary_decisions_total``; the shares are the gauge ``pdserve_canary_percent``.
+
+Both sides take their clock and their sleep as parameters (``time.monotonic`` and
+``asyncio.sleep`` by default), so a test drives the gate and the sync loop with fake time.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from ray import serve
 
@@ -31,15 +34,12 @@ logger = logging.getLogger(__name__)
 SYNC_PERIOD_S = 0.5
 MAX_PENDING_SAMPLES = 10_000  # if the controller is unreachable, older samples are dropped
 Sample = tuple[str, bool, float | None, float | None]  # version, ok, ttft, mean ITL
+Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[None]]
 
 
 def policy_of(canary: CanaryConfig) -> CanaryPolicy:
-    return CanaryPolicy(
-        steps=tuple(canary.steps), window_s=canary.window_s,
-        min_requests=canary.min_requests, max_error_rate_delta=canary.max_error_rate_delta,
-        max_ttft_p95_ratio=canary.max_ttft_p95_ratio,
-        max_itl_p95_ratio=canary.max_itl_p95_ratio, rollback_on_veto=canary.rollback_on_veto,
-    )
+    return CanaryPolicy.from_config(canary)
 
 
 def initial_rollout(config: PDServeConfig) -> Rollout:
@@ -51,23 +51,32 @@ def initial_rollout(config: PDServeConfig) -> Rollout:
 
 @serve.deployment
 class RolloutController:
-    def __init__(self, config: PDServeConfig):
+    """The canary gate of one served name, run every ``interval_s``; the weights' owner.
+
+    ``clock`` times outcomes and changes (the gate's ``now``); ``sleep`` paces the gate loop;
+    ``recorder`` takes the decision counter and the share gauges.
+    """
+
+    def __init__(self, config: PDServeConfig, *, clock: Clock = time.monotonic,
+                 sleep: Sleep = asyncio.sleep, recorder: m.Recorder | None = None):
+        self._clock = clock
+        self._sleep = sleep
         self._config = config
         self._canary = config.canary
         self._policy = policy_of(config.canary)
         self._rollout = initial_rollout(config)
         self._window = OutcomeWindow.for_policy(self._policy)
-        self._changed_at = time.monotonic()
+        self._changed_at = clock()
         self._decisions: deque[dict] = deque(maxlen=50)
         self._last_hold_reason: str | None = None
-        self._recorder = m.Recorder()
+        self._recorder = m.Recorder() if recorder is None else recorder
         self._loop_task: asyncio.Task | None = None
         self._publish()
 
     async def sync(self, samples: list[Sample]) -> dict[str, dict[str, int]]:
         """Take finished requests' outcomes; return the weights of every served name."""
         self._ensure_loop()
-        now = time.monotonic()
+        now = self._clock()
         for version, ok, ttft, itl in samples:
             self._window.record(now, version, ok, ttft, itl)
         return self.weights()
@@ -78,6 +87,7 @@ class RolloutController:
         return served
 
     async def describe(self) -> dict:
+        """The weights, the canary's state and the latest decisions (holds are not listed)."""
         self._ensure_loop()
         rollout = self._rollout
         return {
@@ -96,7 +106,7 @@ class RolloutController:
 
     async def _gate_loop(self) -> None:
         while True:
-            await asyncio.sleep(self._canary.interval_s)
+            await self._sleep(self._canary.interval_s)
             try:
                 await self._step()
             except Exception:  # the gate must keep running; the weights stay as they are
@@ -106,7 +116,7 @@ class RolloutController:
         rollout = self._rollout
         if rollout.canary is None or rollout.canary_percent == 0:
             return  # done, or rolled back: restarting a rollout is an operator's act
-        now = time.monotonic()
+        now = self._clock()
         baseline = self._window.stats(rollout.baseline, now)
         candidate = self._window.stats(rollout.canary, now)
         decision = decide(self._policy, rollout.canary_percent, baseline, candidate, None,
@@ -156,12 +166,14 @@ def split_percent(weights: Mapping[str, int]) -> dict[str, float]:
 class RolloutClient:
     """The router's side: weights in force, and outcomes sent to the controller.
 
-    Without a controller (no canary configured) the weights are the config's.
+    Without a controller (no canary configured) the weights are the config's. ``sleep``
+    paces the sync loop (every ``SYNC_PERIOD_S``).
     """
 
     def __init__(self, controller, served_models: Mapping[str, Mapping[str, int]],
-                 canary_served_model: str | None = None):
+                 canary_served_model: str | None = None, *, sleep: Sleep = asyncio.sleep):
         self._controller = controller
+        self._sleep = sleep
         self._weights = {name: dict(w) for name, w in served_models.items()}
         self._canary_served_model = canary_served_model
         self._pending: deque[Sample] = deque(maxlen=MAX_PENDING_SAMPLES)
@@ -203,4 +215,4 @@ class RolloutClient:
             except Exception as error:  # keep routing on the last weights known
                 logger.warning("rollout controller unreachable: %r", error)
                 self._pending.extendleft(reversed(samples))
-            await asyncio.sleep(SYNC_PERIOD_S)
+            await self._sleep(SYNC_PERIOD_S)

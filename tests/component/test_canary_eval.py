@@ -1,22 +1,58 @@
-"""The canary's evaluation command: exit 0 allows; anything else, a timeout or no start vetoes."""
+"""The canary's evaluation command: exit 0 allows; anything else, a timeout or no start vetoes.
+
+Every wait here has a deadline, and no assertion measures time: what is checked is what
+happened to the processes (killed with their whole group, or left running).
+"""
 
 import asyncio
+import contextlib
 import os
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from router.canary_eval import EvalContext, evaluate, evaluate_sync
+from router.canary_eval import EvalContext, EvalResult, evaluate, evaluate_sync
 
 CONTEXT = EvalContext(canary_version="v2", baseline_version="v1", canary_percent=25,
                       next_percent=50)
+DEADLINE_S = 60      # the longest any evaluation here may be waited for (its bound, not a measure)
+POLL_DEADLINE_S = 10  # for a child to write its ids, or a killed group to be gone
 
 
 def python(code: str) -> list[str]:
     return [sys.executable, "-c", code]
+
+
+def evaluate_within_deadline(command, timeout_s: float) -> EvalResult:
+    """``evaluate``, failing the test (and killing the command) if it outlasts DEADLINE_S."""
+    return asyncio.run(asyncio.wait_for(evaluate(command, CONTEXT, timeout_s), DEADLINE_S))
+
+
+def sleeper(marker: Path, first: str = "") -> str:
+    """Python code that writes "<pid> <process group>" to ``marker``, runs ``first`` and
+    sleeps 120 s (so a straggler the test cannot kill still ends by itself)."""
+    write = f"open({str(marker)!r}, 'w').write(f'{{os.getpid()}} {{os.getpgrp()}}')"
+    return f"import os, sys, time; {write}; {first}time.sleep(120)"
+
+
+def ids_written(marker: Path) -> tuple[int, int] | None:
+    """The (pid, process group) a sleeper wrote to ``marker``; None while it has not."""
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        pid, group = map(int, marker.read_text().split())
+        return pid, group
+    return None
+
+
+def ids_in(marker: Path) -> tuple[int, int] | None:
+    """``ids_written``, waiting up to POLL_DEADLINE_S for them; None if they never came."""
+    deadline = time.monotonic() + POLL_DEADLINE_S
+    while (ids := ids_written(marker)) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return ids
 
 
 def test_exit_zero_allows_promotion():
@@ -46,31 +82,44 @@ def test_the_reason_is_truncated_but_keeps_the_last_words():
 def test_a_command_past_its_timeout_is_killed_and_vetoes(tmp_path: Path):
     # Through a shell, so the sleeper is the shell's child: the whole group must be killed.
     marker = tmp_path / "pid"
-    code = (f"import os, sys, time; open({str(marker)!r}, 'w').write(str(os.getpid())); "
-            "print('started', file=sys.stderr, flush=True); time.sleep(120)")
+    code = sleeper(marker, first="print('started', file=sys.stderr, flush=True); ")
     command = f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}"
-    started = time.monotonic()
-    result = evaluate_sync(command, CONTEXT, timeout_s=3)
-    assert time.monotonic() - started < 60            # not the sleeper's 120 s
+    result = evaluate_within_deadline(command, timeout_s=3)   # not the sleeper's 120 s
     assert result.veto and result.returncode is None
     assert "timed out after 3s" in result.reason and "started" in result.reason
-    assert_gone(int(marker.read_text()))
+    ids = ids_in(marker)
+    assert ids is not None, "the sleeper never wrote its ids"
+    assert_group_gone(ids[1])
 
 
-def assert_gone(pid: int) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie, killed and awaiting its reaper, is not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z"
+
+
+def group_members(group: int) -> list[int]:
+    """The live processes of process group ``group``."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        try:
-            if "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text():
-                return                                 # killed, awaiting its reaper
-        except FileNotFoundError:
-            return                                     # reaped since os.kill
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # state, ppid, pgrp, ...
+        except (OSError, IndexError):
+            continue                                   # exited while we looked
+        if int(fields[2]) == group and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
+def assert_group_gone(group: int) -> None:
+    """The command's whole process group is gone (within POLL_DEADLINE_S)."""
+    deadline = time.monotonic() + POLL_DEADLINE_S
+    while (members := group_members(group)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    pytest.fail(f"process {pid} survived the timeout")
+    assert not members, f"processes {members} of group {group} survived"
 
 
 @pytest.mark.parametrize("command", [["/nonexistent/eval-tool", "--x"], [], "   "])
@@ -106,33 +155,35 @@ def test_a_command_killed_by_a_signal_vetoes():
 
 def test_cancelling_the_evaluation_kills_the_command(tmp_path: Path):
     marker = tmp_path / "pid"
-    code = (f"import os, time; open({str(marker)!r}, 'w').write(str(os.getpid())); "
-            "time.sleep(120)")
 
     async def cancel_midway():
-        task = asyncio.ensure_future(evaluate(python(code), CONTEXT, timeout_s=120))
-        while not marker.exists() or not marker.read_text():
+        task = asyncio.ensure_future(evaluate(python(sleeper(marker)), CONTEXT, timeout_s=120))
+        while ids_written(marker) is None:   # bounded by the wait_for below
             await asyncio.sleep(0.05)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
 
-    asyncio.run(asyncio.wait_for(cancel_midway(), 60))
-    assert_gone(int(marker.read_text()))
+    asyncio.run(asyncio.wait_for(cancel_midway(), DEADLINE_S))
+    ids = ids_in(marker)
+    assert ids is not None
+    assert_group_gone(ids[1])
 
 
 def test_a_verdict_does_not_wait_for_background_children_holding_the_output(tmp_path: Path):
     marker = tmp_path / "pid"
-    sleeper = (f"import os, time; open({str(marker)!r}, 'w').write(str(os.getpid())); "
-               "time.sleep(120)")
-    command = (f"{shlex.quote(sys.executable)} -c {shlex.quote(sleeper)} & "
+    command = (f"{shlex.quote(sys.executable)} -c {shlex.quote(sleeper(marker))} & "
                "echo 'verdict: ok' >&2; exit 0")
-    started = time.monotonic()
     try:
-        result = evaluate_sync(command, CONTEXT, timeout_s=60)
-        assert time.monotonic() - started < 30    # neither the timeout nor the sleeper
+        # a timeout beyond the deadline: the verdict must come from the shell's exit
+        result = evaluate_within_deadline(command, timeout_s=DEADLINE_S * 2)
         assert result.allow and "verdict: ok" in result.reason
+        ids = ids_in(marker)
+        assert ids is not None, "the background child never started"
+        # the verdict came while the child still ran (and held the pipes): it did not wait
+        assert running(ids[0])
     finally:
-        while not marker.exists() or not marker.read_text():
-            time.sleep(0.05)
-        os.kill(int(marker.read_text()), 9)       # the test's own straggler
+        ids = ids_in(marker)   # None: it never started, or ends by itself after its 120 s
+        if ids is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(ids[0], signal.SIGKILL)   # the test's own straggler

@@ -4,10 +4,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.admission import AdmissionController, AdmissionPolicy
+from cluster.config import AdmissionConfig
+from router.admission import AdmissionController, AdmissionPolicy, Expiry
 from router.disaggregation import choose_path
 
-POLICY = AdmissionPolicy(token_budget=100, max_queue=2, max_wait_s=5, retry_after_s=3)
+
+def policy(**fields) -> AdmissionPolicy:
+    """A policy as the router builds it: from a validated config section."""
+    return AdmissionPolicy.from_config(AdmissionConfig(**fields))
+
+
+POLICY = policy(token_budget=100, max_queue=2, max_wait_s=5, retry_after_s=3)
 
 
 def test_admits_within_budget_then_queues_then_refuses():
@@ -17,7 +24,7 @@ def test_admits_within_budget_then_queues_then_refuses():
     assert gate.request(3, 30, now=0).action == "queue"       # 120 > 100
     assert gate.request(4, 5, now=0).action == "queue"        # fits, but FIFO: no overtaking
     refused = gate.request(5, 1, now=0)
-    assert (refused.action, refused.status, refused.retry_after_s) == ("reject", 429, 3)
+    assert (refused.action, refused.retry_after_s) == ("reject", 3)
     assert gate.snapshot() == {"token_budget": 100, "tokens_in_flight": 90,
                                "long_tokens_in_flight": 0, "running": 2, "queued": 2,
                                "max_queue": 2}
@@ -35,6 +42,35 @@ def test_waiters_expire_and_giving_up_unblocks_the_queue():
     assert gate.give_up(2) == [3]  # 3 was blocked behind it
     assert gate.in_flight_tokens == 95 and gate.queue_length == 0
     assert gate.give_up(3) is None  # already running: not a waiter any more
+
+
+def test_expiry_refuses_exactly_at_the_deadline_and_admits_who_was_held_back():
+    gate = AdmissionController(POLICY)
+    gate.request(1, 90, now=0)
+    gate.request(2, 50, now=1, key="a")     # blocked head: deadline 6
+    gate.request(3, 5, now=2, key="a")      # behind it in its key's queue: deadline 7
+    assert gate.next_deadline() == 6
+    assert gate.expire(now=5.999) == Expiry(refused=(), admitted=())
+    assert gate.expire(now=6) == Expiry(refused=(2,), admitted=(3,))
+    assert gate.next_deadline() is None and gate.queue_length == 0
+    assert gate.in_flight_tokens == 95
+    assert gate.release(1) == [] and gate.release(3) == []
+    assert gate.in_flight_tokens == 0 and gate.snapshot()["running"] == 0
+
+
+def test_the_policy_comes_from_the_config():
+    plain = AdmissionPolicy.from_config(AdmissionConfig())
+    assert plain.long_budget is None and plain.max_queue_per_key is None
+    assert (plain.token_budget, plain.max_queue, plain.max_wait_s, plain.retry_after_s) == (
+        AdmissionConfig().token_budget, AdmissionConfig().max_queue,
+        AdmissionConfig().max_wait_s, AdmissionConfig().retry_after_s)
+    laned = AdmissionPolicy.from_config(AdmissionConfig(
+        token_budget=1000, max_queue=4, max_queue_per_key=2, max_wait_s=3, retry_after_s=2,
+        long_prompt_tokens=100, long_lane_share=0.25))
+    assert laned == AdmissionPolicy(token_budget=1000, max_queue=4, max_wait_s=3,
+                                    retry_after_s=2, max_queue_per_key=2, long_budget=250)
+    tiny = AdmissionConfig(token_budget=1, long_prompt_tokens=1, long_lane_share=0.1)
+    assert AdmissionPolicy.from_config(tiny).long_budget == 1   # never a lane of 0 tokens
 
 
 def test_an_oversized_request_runs_alone_instead_of_never():
@@ -97,12 +133,14 @@ def test_choose_path(tokens, threshold, path):
     assert choose_path(tokens, threshold) == path
 
 
-def test_policy_validation():
+@pytest.mark.parametrize("bad", [{"token_budget": 0}, {"max_queue": -1}, {"max_wait_s": 0},
+                                 {"max_queue_per_key": -1}, {"long_lane_share": 0}])
+def test_policy_validation_lives_in_the_config(bad):
     with pytest.raises(ValueError):
-        AdmissionPolicy(token_budget=0, max_queue=1, max_wait_s=1)
+        policy(**bad)
 
 
-FAIR = AdmissionPolicy(token_budget=100, max_queue=10, max_wait_s=5, max_queue_per_key=3)
+FAIR = policy(token_budget=100, max_queue=10, max_wait_s=5, max_queue_per_key=3)
 
 
 def test_a_flooding_key_fills_only_its_own_queue_and_keys_take_turns():
@@ -111,7 +149,7 @@ def test_a_flooding_key_fills_only_its_own_queue_and_keys_take_turns():
     for ticket in (1, 2, 3):
         assert gate.request(ticket, 50, now=0, key="flood").action == "queue"
     refused = gate.request(4, 50, now=0, key="flood")
-    assert (refused.action, refused.status) == ("reject", 429)          # its share is used
+    assert (refused.action, refused.retry_after_s) == ("reject", 1)     # its share is used
     assert gate.request(5, 50, now=0, key="quiet").action == "queue"    # others still queue
     assert gate.request(6, 50, now=0, key="quiet").action == "queue"
     # budget frees: two fit; the keys take turns instead of the flood going first twice
@@ -190,7 +228,8 @@ def test_client_key_hashes_api_keys_and_falls_back_to_user():
     assert client_key("Basic abc", None) == client_key(None, None) == "anonymous"
 
 
-LANES = AdmissionPolicy(token_budget=100, max_queue=10, max_wait_s=5, long_budget=60)
+LANES = policy(token_budget=100, max_queue=10, max_wait_s=5, long_prompt_tokens=1000,
+               long_lane_share=0.6)   # the long lane may hold 60 tokens
 
 
 def test_a_waiting_long_prompt_does_not_hold_back_short_ones_of_the_same_key():
@@ -204,7 +243,7 @@ def test_a_waiting_long_prompt_does_not_hold_back_short_ones_of_the_same_key():
 
 
 def test_without_a_long_budget_lanes_share_the_whole_budget():
-    gate = AdmissionController(AdmissionPolicy(token_budget=100, max_queue=10, max_wait_s=5))
+    gate = AdmissionController(policy(token_budget=100, max_queue=10, max_wait_s=5))
     assert gate.request(1, 50, now=0, long=True).action == "admit"
     assert gate.request(2, 50, now=0, long=True).action == "admit"
 

@@ -3,6 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
+from router.admission import client_key
 from router.auth import accepted_digests, bearer_token, is_authorized
 from router.errors import unauthorized
 
@@ -30,6 +31,18 @@ def test_any_key_is_accepted_and_a_changed_one_is_not(key):
     digests = accepted_digests([key], None)
     assert is_authorized(f"Bearer {key}", digests) == (bearer_token(f"Bearer {key}") == key)
     assert not is_authorized(f"Bearer {key}x", digests)
+
+
+def test_admission_queues_a_request_under_the_key_it_was_authorised_with():
+    # Admission used to take everything after "Bearer " verbatim, so an extra space gave
+    # the same accepted key a second queue (and a second share of the admission budget).
+    digests = accepted_digests(["k"], None)
+    for header in ("Bearer k", "Bearer  k", "bearer k ", "BEARER \tk"):
+        assert bearer_token(header) == "k" and is_authorized(header, digests)
+        assert client_key(header, "alice") == client_key("Bearer k", None)
+    for header in ("Bearer ", "Bearer   ", "Basic k", "k"):
+        assert bearer_token(header) is None
+        assert client_key(header, "alice") == "user:alice"
 
 
 def test_the_error_never_echoes_the_key():

@@ -1,0 +1,235 @@
+"""The prefill → decode flow (router/flow.py) with fake Serve handles.
+
+What the flow promises: the disaggregated path hands the prefill's KV handle to decode; the
+decode-local path skips prefill; a stream that stops before its last chunk (client gone,
+consumer error, decode failure) is cancelled, which aborts the request in the decode
+engine, and a request cancelled during its prefill cancels the prefill call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from cluster.engine.messages import EngineRequest, PrefillResult, SamplingSpec, TokenChunk
+from kv_transfer.handle import KVHandle
+from router.flow import DisaggregatedFlow, prepend
+from tests.fake_time import eventually, settled
+
+REQUEST = EngineRequest("req-1", (1, 2, 3, 4), SamplingSpec(max_tokens=3))
+KV = KVHandle(do_remote_prefill=True, remote_engine_id="prefill-0", remote_block_ids=[[7, 8]],
+              remote_host="10.0.0.1", remote_port=15600)
+
+
+def chunks(n: int) -> list[TokenChunk]:
+    return [TokenChunk(f"t{i}", (i,), i + 1, 4, "length" if i == n - 1 else None)
+            for i in range(n)]
+
+
+class Method:
+    """One method of a fake handle: ``remote`` records the call and returns an awaitable
+    (or, for a streaming handle, an async iterator), as Serve's handles do."""
+
+    def __init__(self, answer):
+        self._answer = answer
+        self.calls: list[tuple] = []
+
+    def remote(self, *args):
+        self.calls.append(args)
+        return self._answer(*args)
+
+
+class FakePrefill:
+    def __init__(self, result: PrefillResult, block: bool = False):
+        self.started = asyncio.Event()
+        self.cancelled = False
+        self._result, self._block = result, block
+        self.prefill = Method(self._prefill)
+        self.stats = Method(self._stats)
+
+    async def _prefill(self, request: EngineRequest) -> PrefillResult:
+        self.started.set()
+        try:
+            if self._block:
+                await asyncio.Event().wait()   # runs until the caller cancels it
+            return self._result
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+
+    async def _stats(self) -> dict:
+        return {"pool": "prefill"}
+
+
+class FakeStream:
+    """A decode replica's token stream; ``cancel`` is what aborts the request there."""
+
+    def __init__(self, items: list[TokenChunk], then: str = "end"):
+        self.items = list(items)
+        self.then = then   # after the items: "end", "block" (until cancelled) or "fail"
+        self.cancelled = False
+        self.blocked = False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> TokenChunk:
+        if self.items:
+            return self.items.pop(0)
+        if self.then == "block":
+            self.blocked = True
+            await asyncio.Event().wait()
+        if self.then == "fail":
+            raise ConnectionError("decode replica died")
+        raise StopAsyncIteration
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeDecode:
+    """The decode deployment's handle; ``options(stream=True)`` gives its streaming twin."""
+
+    def __init__(self, stream: FakeStream):
+        self.stream = stream
+        self.streaming = False
+        self.generate = Method(lambda request, handle: stream)
+        self.stats = Method(self._stats)
+
+    def options(self, stream: bool = False) -> FakeDecode:
+        twin = FakeDecode(self.stream)
+        twin.streaming = stream
+        twin.generate = self.generate
+        twin.stats = Method(self._refuse_stats)
+        return twin
+
+    async def _stats(self) -> dict:
+        return {"pool": "decode"}
+
+    async def _refuse_stats(self) -> dict:
+        raise AssertionError("a unary call went through the streaming handle")
+
+
+def flow_with(stream: FakeStream, prefill: FakePrefill | None = None):
+    prefill = prefill or FakePrefill(PrefillResult(KV, prompt_tokens=4))
+    decode = FakeDecode(stream)
+    return DisaggregatedFlow(prefill, decode), prefill, decode
+
+
+async def collect(flow: DisaggregatedFlow, path: str) -> list[TokenChunk]:
+    return [chunk async for chunk in flow.generate(REQUEST, path)]
+
+
+def test_the_disaggregated_path_hands_the_prefills_kv_handle_to_decode():
+    stream = FakeStream(chunks(3))
+    flow, prefill, decode = flow_with(stream)
+    assert asyncio.run(collect(flow, "disaggregated")) == chunks(3)
+    assert prefill.prefill.calls == [(REQUEST,)]
+    assert decode.generate.calls == [(REQUEST, KV)]
+    assert not stream.cancelled        # finished: nothing to abort
+
+
+def test_the_decode_local_path_skips_prefill():
+    stream = FakeStream(chunks(2))
+    flow, prefill, decode = flow_with(stream)
+    assert asyncio.run(collect(flow, "decode_local")) == chunks(2)
+    assert prefill.prefill.calls == []
+    assert decode.generate.calls == [(REQUEST, None)]
+    assert not stream.cancelled
+
+
+def test_a_prefill_that_kept_no_kv_still_decodes_without_a_handle():
+    stream = FakeStream(chunks(1))
+    flow, _, decode = flow_with(stream, FakePrefill(PrefillResult(None, prompt_tokens=4)))
+    asyncio.run(collect(flow, "disaggregated"))
+    assert decode.generate.calls == [(REQUEST, None)]
+
+
+@pytest.mark.parametrize("path", ["disaggregated", "decode_local"])
+def test_a_client_that_stops_reading_aborts_the_decode_request(path):
+    stream = FakeStream(chunks(3))
+    flow, prefill, _ = flow_with(stream)
+
+    async def read_one_then_leave():
+        tokens = flow.generate(REQUEST, path)
+        first = await anext(tokens)
+        await tokens.aclose()          # what the server does when the client disconnects
+        return first
+
+    assert asyncio.run(read_one_then_leave()) == chunks(3)[0]
+    assert stream.cancelled
+    # the prefill side is called once at most: its blocks are freed by the decode engine's
+    # connector (or their lease), not by a second call from the router
+    assert len(prefill.prefill.calls) == (1 if path == "disaggregated" else 0)
+
+
+@pytest.mark.parametrize("path", ["disaggregated", "decode_local"])
+def test_a_client_cancelled_while_waiting_for_tokens_aborts_the_decode_request(path):
+    stream = FakeStream([TokenChunk("a", (1,), 1, 4)], then="block")  # unfinished, then quiet
+    flow, _, _ = flow_with(stream)
+
+    async def cancel_midway():
+        reader = asyncio.ensure_future(collect(flow, path))
+        await eventually(lambda: stream.blocked)
+        reader.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await settled(reader)
+
+    asyncio.run(cancel_midway())
+    assert stream.cancelled
+
+
+def test_an_error_in_the_consumer_aborts_the_decode_request():
+    stream = FakeStream(chunks(3))
+    flow, _, _ = flow_with(stream)
+
+    async def fail_while_reading():
+        async for _ in flow.generate(REQUEST, "disaggregated"):
+            raise ValueError("the client's connection broke")
+
+    with pytest.raises(ValueError):
+        asyncio.run(fail_while_reading())
+    assert stream.cancelled
+
+
+def test_a_decode_failure_midstream_reaches_the_caller_and_aborts_the_request():
+    stream = FakeStream(chunks(3)[:1], then="fail")
+    flow, _, _ = flow_with(stream)
+    with pytest.raises(ConnectionError):
+        asyncio.run(collect(flow, "disaggregated"))
+    assert stream.cancelled   # no truncated answer that looks complete, no engine left working
+
+
+def test_cancelling_during_prefill_cancels_the_prefill_call_and_never_decodes():
+    stream = FakeStream(chunks(1))
+    flow, prefill, decode = flow_with(stream, FakePrefill(PrefillResult(KV, 4), block=True))
+
+    async def cancel_in_prefill():
+        reader = asyncio.ensure_future(collect(flow, "disaggregated"))
+        await eventually(prefill.started.is_set)
+        reader.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await settled(reader)
+
+    asyncio.run(cancel_in_prefill())
+    assert prefill.cancelled
+    assert decode.generate.calls == []
+
+
+def test_pool_stats_asks_one_replica_of_each_pool_through_unary_calls():
+    flow, prefill, decode = flow_with(FakeStream([]))
+    stats = asyncio.run(flow.pool_stats())
+    assert stats == {"prefill": {"pool": "prefill"}, "decode": {"pool": "decode"}}
+    assert prefill.stats.calls == [()] and decode.stats.calls == [()]
+
+
+def test_prepend_puts_a_taken_head_back_in_front_of_the_stream():
+    async def rest():
+        for chunk in chunks(3)[1:]:
+            yield chunk
+
+    async def read():
+        return [chunk async for chunk in prepend(chunks(3)[0], rest())]
+
+    assert asyncio.run(read()) == chunks(3)
