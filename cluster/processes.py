@@ -2,7 +2,8 @@
 
 ``pdserve up`` and vLLM's own OpenAI server run in their own process groups with their
 output in a log file; ``stop`` ends them the way a person would (SIGINT for pdserve, so it
-shuts Ray down cleanly) and kills the group only if that fails.
+shuts Ray down cleanly) and kills the group only if that fails. ``running`` is the whole
+life of one: wait until it is ready, use it, stop it whatever happens.
 """
 
 from __future__ import annotations
@@ -13,12 +14,16 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 from cluster.config import PDServeConfig
+from cluster.engine.args import baseline_env, baseline_flags
+from kv_transfer.connector import Role
 
 
 def port_is_free(host: str, port: int) -> bool:
@@ -92,6 +97,16 @@ def stop(server: ManagedServer, sig: int = signal.SIGINT, timeout_s: float = 120
         return None
 
 
+@contextmanager
+def running(server: ManagedServer) -> Iterator[ManagedServer]:
+    """``server`` (just started) once it is ready; stopped on leaving, even on an error."""
+    try:
+        wait_ready(server)
+        yield server
+    finally:
+        stop(server)
+
+
 def start_pdserve(config_path: Path, config: PDServeConfig, log_dir: Path,
                   cwd: Path) -> ManagedServer:
     base_url = f"http://{config.router.host}:{config.router.port}"
@@ -100,24 +115,16 @@ def start_pdserve(config_path: Path, config: PDServeConfig, log_dir: Path,
 
 
 def start_vllm_server(config: PDServeConfig, port: int, log_dir: Path, cwd: Path, *,
-                      name: str = "vllm", cpu_bind: str | None = None) -> ManagedServer:
-    """vLLM's own OpenAI server: one colocated engine with the config's engine settings."""
-    engine = config.engine
-    args = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(config.model.path), "--served-model-name", config.model.name,
-        "--dtype", engine.dtype, "--max-model-len", str(engine.max_model_len),
-        "--block-size", str(engine.block_size), "--seed", str(engine.seed),
-        "--max-num-seqs", str(engine.max_num_seqs),
-        "--host", "127.0.0.1", "--port", str(port),
-    ]
-    if engine.enforce_eager:
-        args.append("--enforce-eager")
-    if engine.max_num_batched_tokens:
-        args += ["--max-num-batched-tokens", str(engine.max_num_batched_tokens)]
-    env = {}
-    if engine.cpu_kvcache_space_gib:
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(int(engine.cpu_kvcache_space_gib))
-    if cpu_bind:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind
+                      name: str = "vllm", role: Role = "decode",
+                      cpu_bind: str | None = None) -> ManagedServer:
+    """vLLM's own OpenAI server: one colocated engine with the ``role`` pool's engine
+    settings (cluster.engine.args: ``baseline_flags``, ``baseline_env``), on the cores
+    ``cpu_bind`` names (None: unbound).
+
+    The decode pool is the default stand-in: like a colocated engine, a decode engine
+    also prefills (the prompts pdserve does not disaggregate).
+    """
+    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            *baseline_flags(config, role), "--host", "127.0.0.1", "--port", str(port)]
+    env = baseline_env(config, role, cpu_bind)
     return start(name, args, f"http://127.0.0.1:{port}", log_dir, cwd, env)

@@ -3,17 +3,26 @@
 Both pools share ``config.engine`` (the KV layout must match for blocks to be portable);
 a pool may override other arguments (``engine_overrides``) and add environment
 (``env``, e.g. CPU thread binding). The shell turns the result into ``AsyncEngineArgs``.
+
+The benchmark's baseline, vLLM's own OpenAI server, gets its command line and environment
+from the same functions (``baseline_flags``, ``baseline_env``), so that it runs exactly
+the engine settings pdserve's engines run.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
 from cluster.config import PDServeConfig, PoolConfig
+from cluster.digest import short_digest
 from kv_transfer.connector import Role
 from kv_transfer.vllm_plugin import PROGRESS_THREAD_ENV
+
+CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # the cores a CPU engine's threads run on
+# vLLM flags that are plain switches (store_true): False is their default and has no
+# --no- form. Every other boolean EngineArgs field takes --x / --no-x (vLLM 0.32).
+_SWITCH_ONLY_FLAGS = frozenset({"disable_log_stats", "aggregate_engine_logging"})
 
 
 def engine_kwargs(
@@ -60,18 +69,67 @@ def engine_env(
         "VLLM_NIXL_SIDE_CHANNEL_HOST": side_channel_host,
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_channel_port),
     }
-    if config.engine.cpu_kvcache_space_gib is not None:
-        env["VLLM_CPU_KVCACHE_SPACE"] = _gib_str(config.engine.cpu_kvcache_space_gib)
     if not config.kv_transfer.progress_thread:
         env[PROGRESS_THREAD_ENV] = "0"
     if config.kv_transfer.ucx_tls:
         env["UCX_TLS"] = config.kv_transfer.ucx_tls
+    env.update(engine_settings_env(config, role, version))
+    return env
+
+
+def engine_settings_env(config: PDServeConfig, role: Role,
+                        version: str | None = None) -> dict[str, str]:
+    """The part of ``engine_env`` that sets up the engine itself rather than its KV
+    transfer: the CPU KV-cache size, then the pool's own ``env`` (last: it may override)."""
+    env = {}
+    if config.engine.cpu_kvcache_space_gib is not None:
+        # Whole GiB (the config refuses a fraction): vLLM 0.32 reads it with int().
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(config.engine.cpu_kvcache_space_gib)
     env.update(config.pool(version or config.model.version, role).env)
     return env
 
 
-def _gib_str(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else str(value)
+def baseline_flags(config: PDServeConfig, role: Role = "decode") -> list[str]:
+    """Command-line flags of vLLM's OpenAI server running the ``role`` pool's engine.
+
+    The same ``engine_kwargs`` as that pool's replicas of the primary version (``extra``
+    and the pool's overrides included), without KV transfer, and serving the model under
+    the name clients ask for rather than the version's name.
+    """
+    kwargs = engine_kwargs(config, role, None)
+    kwargs["served_model_name"] = config.model.name
+    return cli_flags(kwargs)
+
+
+def baseline_env(config: PDServeConfig, role: Role = "decode",
+                 cpu_bind: str | None = None) -> dict[str, str]:
+    """Environment of that baseline server: the pool's ``engine_settings_env``, except that
+    its cores are the caller's choice (``cpu_bind``; None: unbound), not the pool's."""
+    env = {k: v for k, v in engine_settings_env(config, role).items() if k != CPU_BIND_ENV}
+    if cpu_bind:
+        env[CPU_BIND_ENV] = cpu_bind
+    return env
+
+
+def cli_flags(kwargs: dict[str, Any]) -> list[str]:
+    """``AsyncEngineArgs`` keyword arguments as vLLM's command-line flags (``--kebab-case``)."""
+    return [part for name, value in kwargs.items() for part in _flag(name, value)]
+
+
+def _flag(name: str, value: Any) -> list[str]:
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        if value:
+            return [flag]
+        return [] if name in _SWITCH_ONLY_FLAGS else ["--no-" + flag[2:]]
+    if value is None:
+        # on the command line, leaving a flag out means vLLM's default, which may not be None
+        raise ValueError(f"engine argument {name}=None has no command-line form")
+    if isinstance(value, dict):
+        return [flag, json.dumps(value)]
+    if isinstance(value, list | tuple):
+        return [flag, *(str(item) for item in value)]
+    return [flag, str(value)]
 
 
 def pool_deployment_options(
@@ -131,4 +189,4 @@ def stable_version(config: PDServeConfig, version: str, role: Role, code_version
         "pool": config.pool(version, role).model_dump(mode="json"),
         "kv_transfer": config.kv_transfer.model_dump(mode="json"),
     }
-    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+    return short_digest(json.dumps(relevant, sort_keys=True))

@@ -9,10 +9,10 @@ leaves that key out, so an idle replica does not pull the pool's p95 down to 0.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 
 from cluster.engine.stats import EngineStats
+from cluster.percentile import percentile
 
 # The names cluster.autoscaling's policies read (part of the engine side: a change here
 # must restart engines, cluster.app.ENGINE_SOURCES).
@@ -44,10 +44,7 @@ class LatencyWindow:
     def p95(self, now: float) -> float | None:
         while self._samples and self._samples[0][0] <= now - self._window_s:
             self._samples.popleft()
-        if not self._samples:
-            return None
-        ordered = sorted(value for _, value in self._samples)
-        return ordered[math.ceil(0.95 * len(ordered)) - 1]
+        return percentile((value for _, value in self._samples), 95)
 
 
 class RateMeter:
