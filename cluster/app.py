@@ -7,7 +7,6 @@ Ray's own tooling: ``serve run cluster.app:app_builder config=ray_configs/local.
 from __future__ import annotations
 
 import ast
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,8 @@ from ray.serve import Application, Deployment
 
 from cluster.autoscaling.serve_policy import autoscaling_config_for
 from cluster.config import DEFAULT_CONFIG_PATH, PDServeConfig, load_config
-from cluster.engine.args import pool_deployment_options, stable_version
+from cluster.digest import short_digest
+from cluster.engine.args import engine_kwargs, pool_deployment_options, stable_version
 from cluster.tiny_model import ensure_model
 from decode.server import DecodeServer
 from kv_transfer.connector import Role
@@ -62,11 +62,15 @@ def _engine_deployment(config: PDServeConfig, version: str, role: Role,
     # Each pool's own policy; under `serve deploy` of `pdserve serve-config` output, an
     # application-level policy (coupled pools) takes precedence over these.
     scaling = None if bounds is None else autoscaling_config_for(
-        role, bounds, config.autoscaling, initial_replicas=pool.replicas)
+        role, bounds, config.autoscaling, config.slo, initial_replicas=pool.replicas)
+    # the engine arguments this pool's replicas start with (pool overrides included)
+    engine = engine_kwargs(config, role, None, version)
     deployment = server.options(
         name=f"{role}-{version}", **pool_deployment_options(pool, scaling),
         # prefix affinity (prefill) and least-loaded (decode) instead of power-of-two
-        request_router_config=request_router_config(role, config.engine.block_size),
+        request_router_config=request_router_config(
+            role, config.router.routing, block_size=engine["block_size"],
+            max_num_seqs=engine["max_num_seqs"]),
     )
     # Serve's public API no longer takes a version; without one, every deploy restarts
     # every engine. test_rollout checks that an unchanged engine keeps its replica.
@@ -114,11 +118,9 @@ def _imported_project_files(source: Path, root: Path) -> list[Path]:
 
 def _code_version() -> str:
     """A digest of the engine side's source: new code means new engine replicas."""
-    digest = hashlib.sha256()
-    for source in engine_sources():
-        digest.update(str(source.relative_to(ROOT)).encode())
-        digest.update(source.read_bytes())
-    return digest.hexdigest()[:16]
+    # each file's path, then its bytes, in order: the same digest as hashing them one by one
+    return short_digest(b"".join(str(source.relative_to(ROOT)).encode() + source.read_bytes()
+                                 for source in engine_sources()))
 
 
 def ensure_models(config: PDServeConfig) -> None:

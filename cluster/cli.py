@@ -8,7 +8,8 @@
 ``pdserve config`` validate a config file and print it with all defaults filled in.
 ``pdserve serve-config``  print a Ray Serve config file for ``serve deploy`` (declarative
                    path; carries the application-level autoscaling policy).
-``pdserve dashboard``  print the Grafana dashboard of pdserve's metrics (JSON).
+``pdserve dashboard``  print the Grafana dashboard of pdserve's metrics (JSON), its SLO
+                   lines at the config's ``slo``.
 ``pdserve bench``  load generation and comparisons (``pdserve bench --help``).
 """
 
@@ -32,10 +33,10 @@ def main(argv: list[str] | None = None) -> int:
         ("model", "generate the local tiny models if missing"),
         ("config", "validate a config and print it with defaults"),
         ("serve-config", "print a Serve config file for `serve deploy`"),
+        ("dashboard", "print the Grafana dashboard JSON (SLO lines from the config)"),
     ]:
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument("--config", type=Path, default=DEFAULT_CONFIG_PATH)
-    commands.add_parser("dashboard", help="print the Grafana dashboard JSON")
     from cluster.bench.cli import add_parser as add_bench_parser
 
     add_bench_parser(commands)
@@ -44,11 +45,6 @@ def main(argv: list[str] | None = None) -> int:
         from cluster.bench.cli import main as bench_main
 
         return bench_main(args)
-    if args.command == "dashboard":
-        from cluster.dashboard import dashboard_json
-
-        sys.stdout.write(dashboard_json())
-        return 0
     try:
         config = load_config(args.config)
     except ConfigError as error:
@@ -56,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "serve-config":
         return _serve_config(config, args.config)
-    commands = {"up": _up, "deploy": _deploy, "model": _model, "config": _show_config}
+    commands = {"up": _up, "deploy": _deploy, "model": _model, "config": _show_config,
+                "dashboard": _dashboard}
     return commands[args.command](config)
 
 
@@ -64,6 +61,13 @@ def _show_config(config: PDServeConfig) -> int:
     import yaml
 
     print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    return 0
+
+
+def _dashboard(config: PDServeConfig) -> int:
+    from cluster.dashboard import dashboard_json
+
+    sys.stdout.write(dashboard_json(config.slo))
     return 0
 
 

@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from cluster.autoscaling.config import AutoscalingConfig, ReplicaBounds
+from cluster.slo import SLOConfig
 from cluster.strict import _Strict
 
 DEFAULT_CONFIG_PATH = Path("ray_configs/local.yaml")
@@ -35,6 +36,31 @@ VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.]{0,31}$"
 
 class ConfigError(ValueError):
     """The configuration file is missing, unreadable or invalid."""
+
+
+# vLLM arguments that pdserve sets from a typed field elsewhere in the config, and that
+# field. An escape hatch (`engine.extra`, a pool's `engine_overrides`) is applied last, so
+# setting one of these there would silently win over the typed field.
+_OWNED_ELSEWHERE = {
+    "model": "model.path / versions.<version>.path",
+    "served_model_name": "model.name / served_models",
+    "kv_transfer_config": "kv_transfer",
+}
+# Anything that shapes a KV block: blocks are copied verbatim between pools.
+_KV_LAYOUT_ARGS = frozenset({"block_size", "dtype", "max_model_len", "kv_cache_dtype"})
+# Typed per pool: set by the pool's own field of the same name.
+_POOL_TYPED_ARGS = ("tensor_parallel_size", "max_num_batched_tokens")
+# EngineConfig fields that are not vLLM arguments (the rest are passed by name).
+_ENGINE_NON_ARGS = frozenset({"extra", "cpu_kvcache_space_gib"})
+
+
+def _refuse(hatch: dict[str, Any], owners: dict[str, str]) -> dict[str, Any]:
+    """``hatch`` unchanged, or ValueError naming each key that has a typed field."""
+    taken = sorted(set(hatch) & set(owners))
+    if taken:
+        instead = "; ".join(f"{key!r} (set {owners[key]} instead)" for key in taken)
+        raise ValueError(f"may not set what a typed field sets: {instead}")
+    return hatch
 
 
 class TinyModelSpec(_Strict):
@@ -97,13 +123,24 @@ class EngineConfig(_Strict):
     max_num_seqs: int = Field(256, gt=0)
     max_num_batched_tokens: int | None = Field(None, gt=0)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    cpu_kvcache_space_gib: float | None = Field(
-        None, gt=0, description="KV cache size on CPU engines (VLLM_CPU_KVCACHE_SPACE)"
+    cpu_kvcache_space_gib: int | None = Field(
+        None, gt=0, description="KV cache size on CPU engines (VLLM_CPU_KVCACHE_SPACE), in "
+        "whole GiB: vLLM 0.32 reads it as an integer and fails at start on a fraction",
     )
     seed: int = 0
     extra: dict[str, Any] = Field(
-        default_factory=dict, description="further vLLM EngineArgs, passed through verbatim"
+        default_factory=dict,
+        description="further vLLM EngineArgs, passed through verbatim; not those with a "
+        "typed field (block_size, max_num_batched_tokens, ...: set the field instead)",
     )
+
+    @field_validator("extra")
+    @classmethod
+    def _extra_untyped(cls, extra: dict[str, Any]) -> dict[str, Any]:
+        per_pool = {name: f"prefill.{name} / decode.{name}" for name in _POOL_TYPED_ARGS}
+        shared = {name: f"engine.{name}" for name in cls.model_fields
+                  if name not in _ENGINE_NON_ARGS}
+        return _refuse(extra, {**per_pool, **shared, **_OWNED_ELSEWHERE})
 
 
 class PoolConfig(_Strict):
@@ -117,14 +154,17 @@ class PoolConfig(_Strict):
         default_factory=dict, description="custom Ray resources, e.g. to pin a node type"
     )
     engine_overrides: dict[str, Any] = Field(
-        default_factory=dict, description="vLLM EngineArgs that differ for this pool only"
+        default_factory=dict,
+        description="vLLM EngineArgs that differ for this pool only (e.g. max_num_seqs); "
+        "not the KV layout, nor what a typed field of the pool sets",
     )
     env: dict[str, str] = Field(
         default_factory=dict, description="environment of the engine, e.g. CPU thread binding"
     )
     max_ongoing_requests: int = Field(256, ge=1)
     min_replicas: int | None = Field(
-        None, ge=0, description="autoscaling bounds of this pool (default: autoscaling's)")
+        None, ge=0, description="this pool's bounds under autoscaling; an end left out "
+        "is the autoscaling section's (autoscaling.prefill / autoscaling.decode)")
     max_replicas: int | None = Field(None, ge=1)
     drain_timeout_s: float = Field(
         300, gt=0, description="a replica leaving (scale-down, rollout) finishes its "
@@ -135,6 +175,20 @@ class PoolConfig(_Strict):
         description="token cap of one engine step for this pool; prompts longer than it are "
         "prefilled in chunks (chunked prefill), so one long prompt cannot stall a step",
     )
+
+    @field_validator("engine_overrides")
+    @classmethod
+    def _overrides_untyped(cls, overrides: dict[str, Any]) -> dict[str, Any]:
+        layout = sorted(_KV_LAYOUT_ARGS & overrides.keys())
+        if layout:
+            raise ValueError(f"may not set {layout}: both pools must use the same KV layout; "
+                             "set it under `engine`")
+        owners = {name: f"this pool's `{name}`" for name in _POOL_TYPED_ARGS}
+        return _refuse(overrides, {**owners, **_OWNED_ELSEWHERE})
+
+    def bounds(self, default: ReplicaBounds) -> ReplicaBounds:
+        """This pool's replica bounds under autoscaling: its own ends over ``default``."""
+        return default.overridden(self.min_replicas, self.max_replicas)
 
 
 class VersionConfig(Checkpoint):
@@ -219,14 +273,22 @@ class CanaryConfig(_Strict):
         0.01, ge=0, description="roll back when the candidate's error rate exceeds the "
         "baseline's by more than this (absolute)"
     )
-    max_ttft_p95_ratio: float = Field(1.2, gt=0, description="roll back above this ratio")
-    max_itl_p95_ratio: float = Field(1.2, gt=0, description="roll back above this ratio")
+    max_ttft_p95_ratio: float = Field(
+        1.2, ge=1, description="roll back when the candidate's p95 TTFT exceeds the "
+        "baseline's times this (at least 1: below, a candidate as fast as the baseline "
+        "would roll back)")
+    max_itl_p95_ratio: float = Field(
+        1.2, ge=1, description="the same for p95 inter-token latency")
     interval_s: float = Field(10, gt=0, description="how often the gate decides")
     evaluation_command: list[str] | None = Field(
         None, description="argv run before each promotion; a non-zero exit vetoes it"
     )
     evaluation_timeout_s: float = Field(600, gt=0)
-    rollback_on_veto: bool = False
+    rollback_on_veto: bool = Field(
+        False, description="a veto of the evaluation command rolls back instead of holding")
+    max_samples_per_version: int = Field(
+        10_000, ge=1, description="outcomes the gate keeps per version (the newest): bounds "
+        "its memory; at high traffic the window's statistics are those of the newest")
 
     @field_validator("steps")
     @classmethod
@@ -234,6 +296,44 @@ class CanaryConfig(_Strict):
         if not steps or steps != sorted(set(steps)) or steps[0] <= 0 or steps[-1] != 100:
             raise ValueError("steps must rise strictly from above 0 to 100")
         return steps
+
+
+class PrefillRoutingConfig(_Strict):
+    """How the prefill pool's router weighs prefix-cache affinity against queued work
+    (``router/replica_choice.py``; the block size is ``engine.block_size``)."""
+
+    max_blocks: int = Field(
+        64, ge=0, description="leading KV blocks of a prompt hashed for affinity (bounds "
+        "the router's work per request)")
+    max_imbalance_tokens: int = Field(
+        4096, ge=0, description="most queued prefill tokens a replica holding the prompt's "
+        "prefix may have beyond the shortest queue and still be preferred for it")
+    index_capacity: int = Field(
+        100_000, ge=1, description="KV blocks of prefixes the router remembers; size it "
+        "around the pool's total prefix-cache blocks")
+    stale_after_s: float = Field(
+        5.0, gt=0, description="a replica whose last load report is older ranks last")
+
+
+class DecodeRoutingConfig(_Strict):
+    """How the decode pool's router picks the least loaded replica (the share of sequence
+    slots in use, of the engine's ``max_num_seqs``, plus weighted KV-cache use)."""
+
+    kv_weight: float = Field(
+        1.0, ge=0, description="weight of KV-cache use against the share of sequence slots "
+        "(1: a full cache weighs as much as max_num_seqs running sequences)")
+    kv_high_water: float = Field(
+        0.95, gt=0, le=1, description="KV-cache use above which a replica ranks after the "
+        "others (another sequence there would force preemption)")
+    stale_after_s: float = Field(
+        5.0, gt=0, description="a replica whose last load report is older ranks last")
+
+
+class RoutingConfig(_Strict):
+    """Replica choice of the two engine pools (Serve request routers)."""
+
+    prefill: PrefillRoutingConfig = PrefillRoutingConfig()
+    decode: DecodeRoutingConfig = DecodeRoutingConfig()
 
 
 class RouterConfig(_Strict):
@@ -257,6 +357,7 @@ class RouterConfig(_Strict):
     )
     admission: AdmissionConfig = AdmissionConfig()
     auth: AuthConfig = AuthConfig()
+    routing: RoutingConfig = RoutingConfig()
 
 
 class RayConfig(_Strict):
@@ -288,6 +389,9 @@ class PDServeConfig(_Strict):
     served_models: dict[str, dict[str, int]] = Field(
         description="served name -> {version: weight}, e.g. chat: {v1: 95, v2: 5}"
     )
+    slo: SLOConfig = Field(
+        SLOConfig(), description="latency objectives: what autoscaling scales for, the "
+        "dashboard draws and the benchmark counts as goodput")
     canary: CanaryConfig | None = None
     autoscaling: AutoscalingConfig | None = Field(
         None, description="size each pool by its own policy (None: fixed `replicas`)")
@@ -348,14 +452,12 @@ class PDServeConfig(_Strict):
         """The replica bounds of a version's pool under autoscaling (None: fixed size)."""
         if self.autoscaling is None or not self.autoscaling.enabled:
             return None
-        pool = self.pool(version, role)
-        default = getattr(self.autoscaling, role).bounds
-        return ReplicaBounds(
-            min_replicas=default.min_replicas if pool.min_replicas is None
-            else pool.min_replicas,
-            max_replicas=default.max_replicas if pool.max_replicas is None
-            else pool.max_replicas,
-        )
+        return self.pool(version, role).bounds(getattr(self.autoscaling, role).bounds)
+
+    def _pool_path(self, version: str, role: str) -> str:
+        """Where the pool of ``pool(version, role)`` is written in the config file."""
+        own = getattr(self.versions[version], role) is not None
+        return f"versions.{version}.{role}" if own else role
 
     def pool_index(self, version: str, role: str) -> int:
         """A stable small number per (version, role): its slice of side-channel ports."""
@@ -374,18 +476,17 @@ class PDServeConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _pools_share_kv_layout(self) -> PDServeConfig:
-        # KV blocks are copied verbatim between pools, so anything that shapes a block
-        # must be identical on both sides.
-        layout_keys = {"block_size", "dtype", "max_model_len", "kv_cache_dtype"}
+    def _scaling_bounds_ordered(self) -> PDServeConfig:
+        # A pool's own end may cross the autoscaling section's other end: refused here,
+        # when the file is loaded, rather than when the app is built.
         for version in self.versions:
-            for pool_name in ("prefill", "decode"):
-                clash = layout_keys & self.pool(version, pool_name).engine_overrides.keys()
-                if clash:
-                    raise ValueError(
-                        f"{pool_name}.engine_overrides may not set {sorted(clash)}: both "
-                        "pools must use the same KV layout; set it under `engine`"
-                    )
+            for role in ("prefill", "decode"):
+                try:
+                    self.scaling_bounds(version, role)
+                except ValidationError as error:
+                    problem = error.errors()[0]["msg"].removeprefix("Value error, ")
+                    raise ValueError(f"{self._pool_path(version, role)}: its replica bounds "
+                                     f"over autoscaling.{role}'s: {problem}") from None
         return self
 
 

@@ -1,8 +1,10 @@
 """The Grafana dashboard, built from the metric catalogue (pure).
 
-``pdserve dashboard`` prints it; the committed copy is
-``ray_configs/grafana/pdserve-dashboard.json`` and a unit test keeps the two identical, so
-a renamed metric cannot leave a dashboard panel silently empty.
+``pdserve dashboard --config X`` prints it, with the SLO lines at X's ``slo`` section (the
+objectives the autoscaler scales for); the committed copy is
+``ray_configs/grafana/pdserve-dashboard.json``, made from ``ray_configs/local.yaml``, and a
+unit test keeps the two identical, so a renamed metric cannot leave a dashboard panel
+silently empty.
 """
 
 from __future__ import annotations
@@ -11,9 +13,7 @@ import json
 from typing import Any
 
 from cluster import metrics as m
-
-TTFT_SLO_S = 0.5   # the product's p95 time-to-first-token objective
-ITL_SLO_S = 0.1    # inter-token gap a reader perceives as smooth streaming
+from cluster.slo import SLOConfig
 
 _RATE = "$__rate_interval"
 
@@ -46,12 +46,15 @@ def _slo_line(value: float) -> dict[str, str]:
     return {"expr": f"vector({value})", "legendFormat": "SLO"}
 
 
-def build_dashboard() -> dict[str, Any]:
+def build_dashboard(slo: SLOConfig) -> dict[str, Any]:
+    """The dashboard's JSON model, its SLO lines at ``slo``'s objectives."""
     ok = '{outcome="ok"}'
     panels_spec = [
-        ("Time to first token vs SLO", [*_quantiles(m.TTFT), _slo_line(TTFT_SLO_S)], "s",
-         "Arrival at the router to first token; the SLO is p95 < 500 ms at peak."),
-        ("Inter-token latency vs SLO", [*_quantiles(m.ITL), _slo_line(ITL_SLO_S)], "s", ""),
+        ("Time to first token vs SLO", [*_quantiles(m.TTFT), _slo_line(slo.ttft_p95_s)], "s",
+         f"Arrival at the router to first token; the SLO is p95 < "
+         f"{slo.ttft_p95_s * 1000:g} ms at peak."),
+        ("Inter-token latency vs SLO", [*_quantiles(m.ITL), _slo_line(slo.itl_p95_s)], "s",
+         f"Gaps between streamed tokens; the SLO is p95 < {slo.itl_p95_s * 1000:g} ms."),
         ("End-to-end latency", _quantiles(m.E2E), "s", ""),
         ("Requests by outcome", [{
             "expr": f"sum by (outcome) (rate({m.REQUESTS.exported_name}[{_RATE}]))",
@@ -127,5 +130,6 @@ def build_dashboard() -> dict[str, Any]:
     }
 
 
-def dashboard_json() -> str:
-    return json.dumps(build_dashboard(), indent=2) + "\n"
+def dashboard_json(slo: SLOConfig) -> str:
+    """What ``pdserve dashboard`` prints: Grafana's import format."""
+    return json.dumps(build_dashboard(slo), indent=2) + "\n"

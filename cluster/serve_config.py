@@ -11,12 +11,12 @@ an edited file at the same path would otherwise not be rolled out.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
 from cluster.autoscaling.serve_policy import app_autoscaling_policy
 from cluster.config import PDServeConfig
+from cluster.digest import short_digest
 
 APP_NAME = "pdserve"  # the Serve application, whichever way it is deployed
 APP_IMPORT_PATH = "cluster.app:app_builder"
@@ -30,13 +30,13 @@ def serve_config(config: PDServeConfig, config_path: Path) -> dict[str, Any]:
         "route_prefix": "/",
         "import_path": APP_IMPORT_PATH,
         "args": {"config": str(config_path),
-                 "config_digest": hashlib.sha256(config_path.read_bytes()).hexdigest()[:16]},
+                 "config_digest": short_digest(config_path.read_bytes())},
     }
     scaling = config.autoscaling
     if scaling is not None and scaling.enabled and scaling.couple_pools:
         pools = {f"{role}-{version}": role
                  for version in config.versions for role in ("prefill", "decode")}
-        application["autoscaling_policy"] = app_autoscaling_policy(scaling, pools)
+        application["autoscaling_policy"] = app_autoscaling_policy(scaling, config.slo, pools)
     return {
         "proxy_location": "EveryNode",
         "http_options": {"host": config.router.host, "port": config.router.port},

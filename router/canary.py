@@ -29,8 +29,12 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from itertools import pairwise
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
+
+from cluster.percentile import p95
+
+if TYPE_CHECKING:
+    from cluster.config import CanaryConfig
 
 Action = Literal["promote", "hold", "rollback"]
 _SLACK = 1e-9  # thresholds are inclusive: a value equal to one up to float rounding passes
@@ -38,27 +42,29 @@ _SLACK = 1e-9  # thresholds are inclusive: a value equal to one up to float roun
 
 @dataclass(frozen=True)
 class CanaryPolicy:
-    steps: tuple[int, ...] = (5, 25, 50, 100)  # canary percentages, in order, ending at 100
-    window_s: float = 300.0             # judge over this long, and wait this long per step
-    min_requests: int = 50              # per side, in the window, before judging at all
-    max_error_rate_delta: float = 0.01  # absolute: 0.01 = one percentage point worse
-    max_ttft_p95_ratio: float = 1.2     # canary p95 TTFT / baseline p95 TTFT
-    max_itl_p95_ratio: float = 1.2      # canary p95 inter-token latency / baseline's
-    rollback_on_veto: bool = False      # an evaluation veto rolls back instead of holding
-    max_samples_per_version: int = 10_000  # memory bound of an OutcomeWindow
+    """The gate's thresholds. Built with :meth:`from_config`: defaults and validation live
+    in ``CanaryConfig`` (steps rising to 100, latency ratios of at least 1, ...)."""
 
-    def __post_init__(self) -> None:
-        steps = self.steps
-        if not steps or steps[-1] != 100 or steps[0] < 1 \
-                or any(a >= b for a, b in pairwise(steps)):
-            raise ValueError(f"steps must rise strictly within 1..100 and end at 100: {steps}")
-        if self.window_s <= 0 or self.min_requests < 1 or self.max_samples_per_version < 1:
-            raise ValueError("window_s > 0, min_requests >= 1, max_samples_per_version >= 1")
-        if self.max_error_rate_delta < 0:
-            raise ValueError("max_error_rate_delta must be >= 0")
-        if self.max_ttft_p95_ratio < 1 or self.max_itl_p95_ratio < 1:
-            raise ValueError("latency ratios must be >= 1 (a canary equal to the baseline "
-                             "would otherwise roll back)")
+    steps: tuple[int, ...]          # canary percentages, in order, ending at 100
+    window_s: float                 # judge over this long, and wait this long per step
+    min_requests: int               # per side, in the window, before judging at all
+    max_error_rate_delta: float     # absolute: 0.01 = one percentage point worse
+    max_ttft_p95_ratio: float       # canary p95 TTFT / baseline p95 TTFT
+    max_itl_p95_ratio: float        # canary p95 inter-token latency / baseline's
+    rollback_on_veto: bool          # an evaluation veto rolls back instead of holding
+    max_samples_per_version: int    # memory bound of an OutcomeWindow
+
+    @classmethod
+    def from_config(cls, config: CanaryConfig) -> CanaryPolicy:
+        """The gate of a validated ``canary`` section."""
+        return cls(
+            steps=tuple(config.steps), window_s=config.window_s,
+            min_requests=config.min_requests, max_error_rate_delta=config.max_error_rate_delta,
+            max_ttft_p95_ratio=config.max_ttft_p95_ratio,
+            max_itl_p95_ratio=config.max_itl_p95_ratio,
+            rollback_on_veto=config.rollback_on_veto,
+            max_samples_per_version=config.max_samples_per_version,
+        )
 
     def next_step(self, percent: int) -> int:
         """The step after ``percent`` (which must be 0 or one of the steps, not 100)."""
@@ -143,14 +149,6 @@ class OutcomeWindow:
     def forget(self, version: str) -> None:
         """Drop a version's samples (it was rolled back, or it is no longer served)."""
         self._samples.pop(version, None)
-
-
-def p95(values: list[float]) -> float | None:
-    """The exact 95th percentile (nearest rank) of ``values``; None when empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[math.ceil(0.95 * len(ordered)) - 1]
 
 
 def decide(policy: CanaryPolicy, current_percent: int, baseline: WindowStats,

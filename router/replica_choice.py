@@ -32,6 +32,10 @@ import random
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cluster.config import DecodeRoutingConfig, PrefillRoutingConfig
 
 ReplicaId = str
 BlockHash = int
@@ -265,17 +269,22 @@ def _tie_breaks(loads: Sequence[ReplicaLoad], rng: random.Random | None) -> dict
 
 @dataclass(frozen=True)
 class PrefillPolicy:
-    block_size: int = 16              # the engines' KV block size (tokens)
-    max_blocks: int = 64              # leading blocks hashed per prompt
-    max_imbalance_tokens: int = 4096  # most extra queue an affinity replica may have
-    index_capacity: int = 100_000     # blocks remembered by the PrefixIndex
-    stale_after_s: float = 5.0        # a report older than this ranks its replica last
+    """The prefill ranking's tunables. Built with :meth:`from_config`: defaults and
+    validation live in ``router.routing.prefill`` (``PrefillRoutingConfig``)."""
 
-    def __post_init__(self) -> None:
-        if self.block_size < 1 or self.max_blocks < 0 or self.index_capacity < 1:
-            raise ValueError("block_size >= 1, max_blocks >= 0, index_capacity >= 1 required")
-        if self.max_imbalance_tokens < 0 or self.stale_after_s <= 0:
-            raise ValueError("max_imbalance_tokens >= 0 and stale_after_s > 0 required")
+    block_size: int                   # the engines' KV block size (tokens)
+    max_blocks: int                   # leading blocks hashed per prompt
+    max_imbalance_tokens: int         # most extra queue an affinity replica may have
+    index_capacity: int               # blocks remembered by the PrefixIndex
+    stale_after_s: float              # a report older than this ranks its replica last
+
+    @classmethod
+    def from_config(cls, config: PrefillRoutingConfig, block_size: int) -> PrefillPolicy:
+        """The policy of ``router.routing.prefill`` for engines of ``block_size`` (the
+        validated ``engine.block_size``: prefixes are hashed in the engines' blocks)."""
+        return cls(block_size=block_size, max_blocks=config.max_blocks,
+                   max_imbalance_tokens=config.max_imbalance_tokens,
+                   index_capacity=config.index_capacity, stale_after_s=config.stale_after_s)
 
 
 @dataclass(frozen=True)
@@ -327,16 +336,20 @@ def rank_prefill(
 
 @dataclass(frozen=True)
 class DecodePolicy:
-    kv_weight: float = 1.0            # a full KV cache weighs as much as max_num_seqs streams
-    kv_high_water: float = 0.95       # above this, a replica is ranked after the others
-    default_max_num_seqs: int = 256   # when a replica does not report its own
-    stale_after_s: float = 5.0
+    """The decode ranking's tunables. Built with :meth:`from_config`: defaults and
+    validation live in ``router.routing.decode`` (``DecodeRoutingConfig``)."""
 
-    def __post_init__(self) -> None:
-        if self.kv_weight < 0 or not 0 < self.kv_high_water <= 1:
-            raise ValueError("kv_weight >= 0 and 0 < kv_high_water <= 1 required")
-        if self.default_max_num_seqs < 1 or self.stale_after_s <= 0:
-            raise ValueError("default_max_num_seqs >= 1 and stale_after_s > 0 required")
+    kv_weight: float                  # a full KV cache weighs as much as max_num_seqs streams
+    kv_high_water: float              # above this, a replica is ranked after the others
+    default_max_num_seqs: int         # when a replica does not report its own
+    stale_after_s: float              # a report older than this ranks its replica last
+
+    @classmethod
+    def from_config(cls, config: DecodeRoutingConfig, max_num_seqs: int) -> DecodePolicy:
+        """The policy of ``router.routing.decode`` for engines of ``max_num_seqs`` (what the
+        pool's engines run with; replicas report their own, this covers the first second)."""
+        return cls(kv_weight=config.kv_weight, kv_high_water=config.kv_high_water,
+                   default_max_num_seqs=max_num_seqs, stale_after_s=config.stale_after_s)
 
 
 def decode_score(load: ReplicaLoad, policy: DecodePolicy) -> float:

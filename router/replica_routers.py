@@ -18,12 +18,13 @@ override prefix affinity. Without them Serve gives the chosen replica to exactly
 request it was chosen for.
 
 Serve passes ``RequestRouterConfig.request_router_kwargs`` to ``initialize_state``; that
-is how the engines' block size reaches the prefill router (``request_router_config``).
+is how the config's ``router.routing`` section and the engines' block size (prefill) or
+``max_num_seqs`` (decode) reach the routers, which build their policies from them with
+``from_config`` (``request_router_config``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
 import time
@@ -39,6 +40,8 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
+from cluster.config import DecodeRoutingConfig, PrefillRoutingConfig, RoutingConfig
+from cluster.digest import short_digest
 from cluster.engine.messages import EngineRequest
 from router.replica_choice import (
     DecodePolicy,
@@ -121,9 +124,12 @@ def as_ranks(
 
 
 class _EngineRouter(RequestRouter):
-    """What both pools' routers share: the pending tally, the clock and tie-break source."""
+    """What both pools' routers share: the pending tally, the clock and tie-break source.
 
-    stale_after_s = 5.0
+    ``initialize_state`` (which Serve calls right after construction) sets ``policy``.
+    """
+
+    policy: PrefillPolicy | DecodePolicy
 
     def __init__(
         self,
@@ -158,7 +164,7 @@ class _EngineRouter(RequestRouter):
         if pending_request is not None and request is not None:
             # A retry of this request must not see its own earlier tentative entry.
             self._tally.discard(request_key(pending_request))
-        loads = replica_loads(candidate_replicas, self._tally, now, self.stale_after_s)
+        loads = replica_loads(candidate_replicas, self._tally, now, self.policy.stale_after_s)
         ranking = self._rank(request, loads)
         if pending_request is not None and request is not None and ranking:
             # Counted at once on the first choice, so that concurrent routing of a burst
@@ -205,25 +211,18 @@ class _EngineRouter(RequestRouter):
 
 
 class PrefillRequestRouter(_EngineRouter):
-    """Prefix affinity weighed against queued prefill tokens (``rank_prefill``).
+    """Prefix affinity weighed against queued prefill tokens (``rank_prefill``)."""
 
-    ``request_router_kwargs``: the fields of ``PrefillPolicy`` (``block_size`` must be the
-    engines' KV block size).
-    """
+    policy: PrefillPolicy
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self._configure(PrefillPolicy())
-
-    def initialize_state(self, **kwargs: Any) -> None:
-        kwargs.pop(CODE_DIGEST_KEY, None)
-        self._configure(PrefillPolicy(**kwargs))
+    def initialize_state(self, *, block_size: int, **routing: Any) -> None:
+        """``request_router_kwargs``: the engines' KV ``block_size`` and the fields of
+        ``router.routing.prefill`` (those left out take the config's defaults)."""
+        routing.pop(CODE_DIGEST_KEY, None)
+        config = PrefillRoutingConfig.model_validate(routing)
+        self.policy = PrefillPolicy.from_config(config, block_size)
+        self._index = PrefixIndex(self.policy.index_capacity)
         logger.info("prefill router for %s: %s", self._deployment_id, self.policy)
-
-    def _configure(self, policy: PrefillPolicy) -> None:
-        self.policy = policy
-        self.stale_after_s = policy.stale_after_s
-        self._index = PrefixIndex(policy.index_capacity)
 
     def _hashes(self, request: EngineRequest) -> tuple[int, ...]:
         return prefix_block_hashes(request.prompt_token_ids, self.policy.block_size,
@@ -245,19 +244,16 @@ class PrefillRequestRouter(_EngineRouter):
 
 
 class DecodeRequestRouter(_EngineRouter):
-    """Least loaded by KV use and sequences (``rank_decode``).
+    """Least loaded by KV use and sequences (``rank_decode``)."""
 
-    ``request_router_kwargs``: the fields of ``DecodePolicy``.
-    """
+    policy: DecodePolicy
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.policy = DecodePolicy()
-
-    def initialize_state(self, **kwargs: Any) -> None:
-        kwargs.pop(CODE_DIGEST_KEY, None)
-        self.policy = DecodePolicy(**kwargs)
-        self.stale_after_s = self.policy.stale_after_s
+    def initialize_state(self, *, max_num_seqs: int, **routing: Any) -> None:
+        """``request_router_kwargs``: the engines' ``max_num_seqs`` and the fields of
+        ``router.routing.decode`` (those left out take the config's defaults)."""
+        routing.pop(CODE_DIGEST_KEY, None)
+        config = DecodeRoutingConfig.model_validate(routing)
+        self.policy = DecodePolicy.from_config(config, max_num_seqs)
         logger.info("decode router for %s: %s", self._deployment_id, self.policy)
 
     def _rank(self, request: EngineRequest | None, loads: list[ReplicaLoad]) -> tuple[str, ...]:
@@ -275,12 +271,13 @@ ROUTER_CLASSES = {
 
 
 def request_router_config(
-    pool: str, block_size: int, **policy: Any
+    pool: str, routing: RoutingConfig, *, block_size: int, max_num_seqs: int
 ) -> RequestRouterConfig:
     """The ``request_router_config`` deployment option of a pool.
 
-    ``block_size`` (the engines' KV block size) matters to the prefill router only;
-    ``policy`` overrides further fields of ``PrefillPolicy`` / ``DecodePolicy``.
+    The router builds its policy from ``routing`` (``router.routing``) and what the pool's
+    engines run with: ``block_size`` (the KV block size prefixes are hashed in) matters to
+    the prefill router, ``max_num_seqs`` to the decode router.
 
     Serve ships this module to the routers pickled by value, but compares router configs
     by class path and kwargs only: a redeploy whose only change is this file would keep
@@ -289,9 +286,11 @@ def request_router_config(
     """
     if pool not in ROUTER_CLASSES:
         raise ValueError(f"unknown pool {pool!r}; expected one of {sorted(ROUTER_CLASSES)}")
-    kwargs = {"block_size": block_size, **policy} if pool == "prefill" else dict(policy)
-    # Validate here, at build time, rather than in every router process at first use.
-    (PrefillPolicy if pool == "prefill" else DecodePolicy)(**kwargs)
+    # Plain JSON values: Serve compares and ships the kwargs, not the config objects.
+    if pool == "prefill":
+        kwargs = {"block_size": block_size, **routing.prefill.model_dump(mode="json")}
+    else:
+        kwargs = {"max_num_seqs": max_num_seqs, **routing.decode.model_dump(mode="json")}
     return RequestRouterConfig(
         request_router_class=ROUTER_CLASSES[pool],
         request_router_kwargs={**kwargs, CODE_DIGEST_KEY: _source_digest()},
@@ -301,4 +300,4 @@ def request_router_config(
 
 
 def _source_digest() -> str:
-    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+    return short_digest(Path(__file__).read_bytes())

@@ -2,13 +2,15 @@
 
 Defaults are sized for the reference scenario (a 70B model, p95 TTFT under 500 ms at the
 evening peak); a deployment overrides the per-replica capacities with what it measured.
+The latency objectives the policies scale for are not here but in the cluster's ``slo``
+section (``cluster.slo``), which the dashboard and the benchmark read too.
 """
 
 from __future__ import annotations
 
 import re
 from datetime import time
-from typing import Literal
+from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, field_validator, model_validator
@@ -29,10 +31,15 @@ def _parse_hh_mm(text: str) -> time:
 
 
 class ReplicaBounds(_Strict):
-    """The least and most replicas of one pool (or of one model version's pool)."""
+    """The least and most replicas of one pool (or of one model version's pool).
 
-    min_replicas: int = Field(1, ge=0)
-    max_replicas: int = Field(8, ge=1)
+    The one bounds type: each pool's autoscaling section is one (its defaults), and a pool's
+    own ``min_replicas``/``max_replicas`` override them through :meth:`overridden`, so the
+    ordering rule below is the only one.
+    """
+
+    min_replicas: int = Field(1, ge=0, description="lower bound of the pool")
+    max_replicas: int = Field(8, ge=1, description="upper bound of the pool")
 
     @model_validator(mode="after")
     def _ordered(self) -> ReplicaBounds:
@@ -44,6 +51,15 @@ class ReplicaBounds(_Strict):
 
     def clamp(self, replicas: int) -> int:
         return max(self.min_replicas, min(self.max_replicas, replicas))
+
+    def overridden(
+        self, min_replicas: int | None = None, max_replicas: int | None = None
+    ) -> ReplicaBounds:
+        """These bounds with the ends given replaced (validated: the result is ordered)."""
+        return ReplicaBounds(
+            min_replicas=self.min_replicas if min_replicas is None else min_replicas,
+            max_replicas=self.max_replicas if max_replicas is None else max_replicas,
+        )
 
 
 class StandbyWindow(_Strict):
@@ -115,11 +131,14 @@ class StandbySchedule(_Strict):
         return ZoneInfo(self.timezone)
 
 
-class _PoolScalingConfig(_Strict):
-    """What both pools' policies share: bounds, utilisation target, hysteresis, timing."""
+# Keys that moved out of the autoscaling sections: named in the error, not just refused.
+_MOVED = {"ttft_p95_slo_s": "slo.ttft_p95_s", "itl_p95_slo_s": "slo.itl_p95_s"}
 
-    min_replicas: int = Field(1, ge=0, description="default lower bound of the pool")
-    max_replicas: int = Field(8, ge=1, description="default upper bound of the pool")
+
+class _PoolScalingConfig(ReplicaBounds):
+    """What both pools' policies share: bounds (the pool's defaults), utilisation target,
+    hysteresis, timing. The latency objective is the cluster's ``slo`` section."""
+
     target_utilisation: float = Field(
         0.75, gt=0, le=1,
         description="fraction of a replica's measured throughput to plan for (headroom for "
@@ -148,13 +167,14 @@ class _PoolScalingConfig(_Strict):
     )
     standby: StandbySchedule | None = Field(None, description="time-of-day floor; None: none")
 
-    @model_validator(mode="after")
-    def _bounds_ordered(self) -> _PoolScalingConfig:
-        if self.min_replicas > self.max_replicas:
-            raise ValueError(
-                f"min_replicas ({self.min_replicas}) exceeds max_replicas ({self.max_replicas})"
-            )
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _no_moved_keys(cls, data: Any) -> Any:
+        moved = [f"{key} moved to {_MOVED[key]}" for key in _MOVED
+                 if isinstance(data, dict) and key in data]
+        if moved:
+            raise ValueError("; ".join(moved) + " (one SLO for the whole cluster)")
+        return data
 
     @property
     def bounds(self) -> ReplicaBounds:
@@ -164,11 +184,11 @@ class _PoolScalingConfig(_Strict):
 class PrefillScalingConfig(_PoolScalingConfig):
     """The prefill pool: compute-bound, sized by queued prompt tokens and TTFT."""
 
-    ttft_p95_slo_s: float = Field(0.5, gt=0, description="p95 time to first token objective")
     target_queued_tokens_per_replica: float = Field(
         16384, gt=0,
         description="prompt tokens waiting + being prefilled per replica; the default is "
-        "about half a second of work at tokens_per_s_per_replica, in line with the TTFT SLO",
+        "about half a second of work at tokens_per_s_per_replica, in line with the TTFT "
+        "objective (slo.ttft_p95_s)",
     )
     tokens_per_s_per_replica: float = Field(
         32768, gt=0, description="prompt tokens one replica prefills per second at full load"
@@ -179,7 +199,6 @@ class DecodeScalingConfig(_PoolScalingConfig):
     """The decode pool: memory-bandwidth-bound, sized by running sequences, KV and ITL."""
 
     max_replicas: int = Field(16, ge=1, description="default upper bound of the pool")
-    itl_p95_slo_s: float = Field(0.05, gt=0, description="p95 inter-token latency objective")
     target_running_seqs_per_replica: float = Field(
         128, gt=0, description="sequences decoding at once per replica"
     )

@@ -9,14 +9,14 @@ Prefill pool (compute-bound)
     queue        queued prefill tokens (waiting + being prefilled, summed over replicas)
                  / ``target_queued_tokens_per_replica``
     throughput   prompt tokens/s / (``tokens_per_s_per_replica`` x ``target_utilisation``)
-    latency      if p95 TTFT > SLO: current x min(p95 / SLO, ``max_upscale_factor``), and at
-                 least one replica more
+    latency      if p95 TTFT > SLO (``slo.ttft_p95_s``): current x min(p95 / SLO,
+                 ``max_upscale_factor``), and at least one replica more
 
 Decode pool (memory-bandwidth-bound)
     sequences    running sequences / ``target_running_seqs_per_replica``
     KV cache     sum of the replicas' KV-cache fractions / ``target_kv_usage``
     throughput   output tokens/s / (``output_tokens_per_s_per_replica`` x ``target_utilisation``)
-    latency      if p95 ITL > SLO: as for prefill
+    latency      if p95 ITL > SLO (``slo.itl_p95_s``): as for prefill
 
 Both pools together (:func:`decide_app`)
     Both pools serve one request stream, so the observed token mix fixes the proportion of
@@ -66,6 +66,7 @@ from cluster.autoscaling.config import (
     _PoolScalingConfig,
 )
 from cluster.autoscaling.schedule import Instant, epoch_seconds, standby_floor
+from cluster.slo import SLOConfig
 
 Pool = Literal["prefill", "decode"]
 Direction = Literal["up", "down", "hold"]
@@ -257,19 +258,23 @@ def decode_needs(load: PoolLoad, config: DecodeScalingConfig) -> list[Need]:
 
 
 def decide_prefill(
-    view: PoolView, config: PrefillScalingConfig, now: Instant, companion: Need | None = None
+    view: PoolView, config: PrefillScalingConfig, slo: SLOConfig, now: Instant,
+    companion: Need | None = None,
 ) -> ScalingDecision:
-    """The prefill pool's decision from queued tokens, prompt throughput and p95 TTFT."""
-    latency = _Latency("p95 TTFT", view.load.mean("ttft_p95_s"), config.ttft_p95_slo_s)
+    """The prefill pool's decision from queued tokens, prompt throughput and p95 TTFT
+    (against ``slo.ttft_p95_s``)."""
+    latency = _Latency("p95 TTFT", view.load.mean("ttft_p95_s"), slo.ttft_p95_s)
     needs = [*prefill_needs(view.load, config), *([companion] if companion else [])]
     return _decide("prefill", view, config, epoch_seconds(now), needs, latency)
 
 
 def decide_decode(
-    view: PoolView, config: DecodeScalingConfig, now: Instant, companion: Need | None = None
+    view: PoolView, config: DecodeScalingConfig, slo: SLOConfig, now: Instant,
+    companion: Need | None = None,
 ) -> ScalingDecision:
-    """The decode pool's decision from running sequences, KV use, throughput and p95 ITL."""
-    latency = _Latency("p95 ITL", view.load.mean("itl_p95_s"), config.itl_p95_slo_s)
+    """The decode pool's decision from running sequences, KV use, throughput and p95 ITL
+    (against ``slo.itl_p95_s``)."""
+    latency = _Latency("p95 ITL", view.load.mean("itl_p95_s"), slo.itl_p95_s)
     needs = [*decode_needs(view.load, config), *([companion] if companion else [])]
     return _decide("decode", view, config, epoch_seconds(now), needs, latency)
 
@@ -291,21 +296,21 @@ def mix_ratio(prefill: PoolLoad, decode: PoolLoad, config: AutoscalingConfig) ->
 
 
 def decide_app(
-    prefill: PoolView, decode: PoolView, config: AutoscalingConfig, now: Instant
+    prefill: PoolView, decode: PoolView, config: AutoscalingConfig, slo: SLOConfig, now: Instant
 ) -> AppDecision:
     """Both pools sized together: a pool that scales up takes the other along, by the mix."""
-    alone_prefill = decide_prefill(prefill, config.prefill, now)
-    alone_decode = decide_decode(decode, config.decode, now)
+    alone_prefill = decide_prefill(prefill, config.prefill, slo, now)
+    alone_decode = decide_decode(decode, config.decode, slo, now)
     ratio = mix_ratio(prefill.load, decode.load, config) if config.couple_pools else None
     if ratio is None:
         return AppDecision(alone_prefill, alone_decode, None)
     keep = 1 - config.ratio_tolerance
     if alone_decode.direction == "up":
         companion = _companion("decode", alone_decode, ratio, keep)
-        alone_prefill = decide_prefill(prefill, config.prefill, now, companion)
+        alone_prefill = decide_prefill(prefill, config.prefill, slo, now, companion)
     if alone_prefill.direction == "up" and alone_decode.direction != "up":
         companion = _companion("prefill", alone_prefill, 1 / ratio, keep)
-        alone_decode = decide_decode(decode, config.decode, now, companion)
+        alone_decode = decide_decode(decode, config.decode, slo, now, companion)
     return AppDecision(alone_prefill, alone_decode, ratio)
 
 

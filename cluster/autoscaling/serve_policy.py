@@ -15,8 +15,8 @@ The interface, as read in ray 2.60.0 (``ray/serve/config.py``, ``autoscaling_pol
   reporting 0.
 * A policy is named by ``AutoscalingPolicy.policy_function`` ("module:attr"). Serve passes
   ``policy_kwargs`` only to a *class*, instantiated once in the controller; a plain function
-  never sees them. So the policies here are classes, built from
-  ``AutoscalingConfig.model_dump(mode="json")``.
+  never sees them. So the policies here are classes, built from :func:`policy_kwargs`:
+  ``AutoscalingConfig.model_dump(mode="json")`` plus the cluster's ``slo`` under ``slo``.
 * Deployment level (``autoscaling_config.policy``): ``policy(ctx) -> (replicas,
   state: dict)``. ``ctx.target_num_replicas`` is the current target,
   ``ctx.policy_state`` what the last call returned (plus Serve's own keys, merged in).
@@ -61,6 +61,7 @@ from cluster.metrics import (
     STANDBY_FLOOR,
     Recorder,
 )
+from cluster.slo import SLOConfig
 
 # A child of Serve's logger, so decisions land in the controller's Serve log.
 logger = logging.getLogger("ray.serve.pdserve.autoscaling")
@@ -111,11 +112,18 @@ def view_from_context(ctx: Any) -> PoolView:
     )
 
 
-class _Policy:
-    """Holds the validated config and the exporter; subclasses decide."""
+def policy_kwargs(autoscaling: AutoscalingConfig, slo: SLOConfig) -> dict[str, Any]:
+    """The ``policy_kwargs`` a policy class is built from: the autoscaling section and the
+    cluster's SLOs (the latency objectives the pools scale for)."""
+    return {**autoscaling.model_dump(mode="json"), "slo": slo.model_dump(mode="json")}
 
-    def __init__(self, **policy_kwargs: Any) -> None:
-        self.config = AutoscalingConfig.model_validate(policy_kwargs)
+
+class _Policy:
+    """Holds the validated config, the SLOs and the exporter; subclasses decide."""
+
+    def __init__(self, *, slo: Mapping[str, Any], **autoscaling: Any) -> None:
+        self.config = AutoscalingConfig.model_validate(autoscaling)
+        self.slo = SLOConfig.model_validate(slo)
         self._exporter = _DecisionExporter()
 
 
@@ -189,15 +197,16 @@ class AppAutoscalingPolicy(_Policy):
         app, now = first.app_name or "", _now(first)
         if prefill_id is not None and decode_id is not None:
             both = decide_app(view_from_context(contexts[prefill_id]),
-                              view_from_context(contexts[decode_id]), self.config, now)
+                              view_from_context(contexts[decode_id]), self.config, self.slo,
+                              now)
             self._exporter.ratio(app, both)
             pairs = [(prefill_id, both.prefill), (decode_id, both.decode)]
         elif prefill_id is not None:
             view = view_from_context(contexts[prefill_id])
-            pairs = [(prefill_id, decide_prefill(view, self.config.prefill, now))]
+            pairs = [(prefill_id, decide_prefill(view, self.config.prefill, self.slo, now))]
         else:
             view = view_from_context(contexts[decode_id])
-            pairs = [(decode_id, decide_decode(view, self.config.decode, now))]
+            pairs = [(decode_id, decide_decode(view, self.config.decode, self.slo, now))]
         for deployment_id, decision in pairs:
             self._exporter.report(decision, app, contexts[deployment_id].deployment_name)
         return dict(pairs)
@@ -225,6 +234,7 @@ def autoscaling_config_for(
     pool_name: Pool,
     pool_replicas_bounds: ReplicaBounds | tuple[int, int] | None,
     autoscaling: AutoscalingConfig,
+    slo: SLOConfig,
     initial_replicas: int | None = None,
     deployment_policy: bool = True,
 ) -> dict[str, Any]:
@@ -256,16 +266,17 @@ def autoscaling_config_for(
             "DecodeAutoscalingPolicy")
         config["policy"] = {
             "policy_function": f"{_MODULE}:{policy_class}",
-            "policy_kwargs": autoscaling.model_dump(mode="json"),
+            "policy_kwargs": policy_kwargs(autoscaling, slo),
         }
     return config
 
 
 def app_autoscaling_policy(
-    autoscaling: AutoscalingConfig, deployment_pools: dict[str, str] | None = None
+    autoscaling: AutoscalingConfig, slo: SLOConfig,
+    deployment_pools: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The ``autoscaling_policy`` entry of a Serve application (config file / REST API)."""
-    kwargs = autoscaling.model_dump(mode="json")
+    kwargs = policy_kwargs(autoscaling, slo)
     if deployment_pools:
         kwargs["deployment_pools"] = dict(deployment_pools)
     return {"policy_function": f"{_MODULE}:AppAutoscalingPolicy", "policy_kwargs": kwargs}
@@ -285,9 +296,9 @@ def _deployment_decision(policy: _Policy, ctx: Any, pool: Pool) -> tuple[int, di
     try:
         view = view_from_context(ctx)
         if pool == "prefill":
-            decision = decide_prefill(view, policy.config.prefill, _now(ctx))
+            decision = decide_prefill(view, policy.config.prefill, policy.slo, _now(ctx))
         else:
-            decision = decide_decode(view, policy.config.decode, _now(ctx))
+            decision = decide_decode(view, policy.config.decode, policy.slo, _now(ctx))
     except Exception:
         # A broken input must not stop the controller's loop; holding is the safe answer.
         logger.exception("pdserve autoscaling failed for %s; holding", ctx.deployment_name)

@@ -18,9 +18,12 @@ from pathlib import Path
 
 from cluster.bench import report
 from cluster.bench.runner import run_workload
-from cluster.bench.stats import SLO, RequestRecord, percentile, ratio, summarise
+from cluster.bench.stats import SLO, RequestRecord, ratio, summarise
 from cluster.bench.workload import WorkloadSpec, plan
 from cluster.config import PDServeConfig, load_config
+from cluster.engine.args import CPU_BIND_ENV
+from cluster.percentile import percentile
+from cluster.slo import SLOConfig
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH_CONFIG = REPO / "ray_configs/bench.yaml"
@@ -37,6 +40,9 @@ def add_parser(commands) -> None:
                      help="sent as 'Authorization: Bearer' (default: $PDSERVE_API_KEY)")
     run.add_argument("--rates", default=None,
                      help="comma-separated rates to sweep (plots latency against load)")
+    run.add_argument("--config", type=Path, default=None,
+                     help="the served pdserve config: goodput is judged by its `slo` "
+                          "(default: the `slo` section's defaults)")
     _workload_args(run)
 
     compare = sub.add_parser("compare", help="pdserve disaggregated vs one colocated vLLM")
@@ -74,8 +80,11 @@ def _workload_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tokenizer", default=None,
                         help="HF tokenizer dir used to size prompts (default: ~4 chars/token)")
-    parser.add_argument("--ttft-slo", type=float, default=0.5)
-    parser.add_argument("--tpot-slo", type=float, default=0.1)
+    parser.add_argument("--ttft-slo", type=float, default=None,
+                        help="goodput's TTFT bound, s (default: the config's slo.ttft_p95_s)")
+    parser.add_argument("--tpot-slo", type=float, default=None,
+                        help="goodput's bound on time per output token, s (default: the "
+                             "config's slo.tpot_s)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     parser.add_argument("--no-progress", action="store_true")
 
@@ -98,6 +107,11 @@ def _spec(args, workload: str | None = None, rate: float | None = None,
         seed=args.seed, scale=args.scale, peak_factor=args.peak_factor, peak_window=window,
         long_fraction=args.long_fraction, max_model_len=max_model_len,
     )
+
+
+def _goodput_slo(args, slo: SLOConfig) -> SLO:
+    """The config's SLOs, overridden by ``--ttft-slo`` / ``--tpot-slo`` where given."""
+    return SLO.from_config(slo, args.ttft_slo, args.tpot_slo)
 
 
 def _token_counter(tokenizer_path: str | None):
@@ -130,7 +144,8 @@ def _measure(base_url: str, model: str, spec: WorkloadSpec, count_tokens, slo: S
 # ---- run -------------------------------------------------------------------------------
 
 def _run(args) -> int:
-    slo = SLO(args.ttft_slo, args.tpot_slo)
+    served = SLOConfig() if args.config is None else load_config(args.config).slo
+    slo = _goodput_slo(args, served)
     count_tokens = _token_counter(args.tokenizer)
     rates = [float(r) for r in args.rates.split(",")] if args.rates else [args.rate]
     sweep, runs = [], {}
@@ -165,7 +180,7 @@ def _compare(args) -> int:
 
     config = load_config(args.config)
     ensure_model(config.model.path, config.model.generate)
-    slo = SLO(args.ttft_slo, args.tpot_slo)
+    slo = _goodput_slo(args, config.slo)
     count_tokens = _token_counter(args.tokenizer or str(config.model.path))
     workloads = args.workloads.split(",")
     log_dir = args.out / "logs"
@@ -173,14 +188,12 @@ def _compare(args) -> int:
         "pdserve": lambda: processes.start_pdserve(args.config, config, log_dir, REPO),
         "colocated": lambda: processes.start_vllm_server(
             config, COMPARE_REFERENCE_PORT, log_dir, REPO, name="colocated-vllm",
-            cpu_bind=_all_cores_bind(config)),
+            role="decode", cpu_bind=_all_cores_bind(config)),
     }
     results: dict[str, dict[str, dict]] = {}
     records: dict[str, dict[str, list[RequestRecord]]] = {}
     for setup, start in setups.items():
-        server = start()
-        try:
-            processes.wait_ready(server)
+        with processes.running(start()) as server:
             for workload in workloads:
                 spec = _spec(args, workload, max_model_len=config.engine.max_model_len)
                 _warm_up(server.base_url, config.model.name)
@@ -190,8 +203,6 @@ def _compare(args) -> int:
                 results.setdefault(workload, {})[setup] = summary
                 records.setdefault(workload, {})[setup] = recs
                 print(report.table(f"{setup} / {workload}", summary["all"]))
-        finally:
-            processes.stop(server)
     ratios = {w: _compare_ratios(r["pdserve"], r["colocated"]) for w, r in results.items()}
     print(_ratio_table(ratios))
     report.write_json(args.out / "compare.json", {
@@ -270,7 +281,8 @@ def _variants(args) -> int:
 
     variants = [parse_variant(text) for text in args.variant]
     base = yaml.safe_load(args.config.read_text())
-    slo = SLO(args.ttft_slo, args.tpot_slo)
+    # one bound for every variant (the base config's), so their goodputs compare
+    slo = _goodput_slo(args, parse_config(base, source=str(args.config)).slo)
     args.out.mkdir(parents=True, exist_ok=True)
     summaries: dict[str, dict] = {}
     for variant in variants:
@@ -281,14 +293,11 @@ def _variants(args) -> int:
         ensure_model(config.model.path, config.model.generate)
         count_tokens = _token_counter(args.tokenizer or str(config.model.path))
         spec = _spec(args, max_model_len=config.engine.max_model_len)
-        server = processes.start_pdserve(path, config, args.out / "logs", REPO)
-        try:
-            processes.wait_ready(server)
+        started = processes.start_pdserve(path, config, args.out / "logs", REPO)
+        with processes.running(started) as server:
             _warm_up(server.base_url, config.model.name)
             _, summary = _measure(server.base_url, config.model.name, spec, count_tokens,
                                   slo, not args.no_progress, variant.name)
-        finally:
-            processes.stop(server)
         summaries[variant.name] = summary
         print(report.table(f"{variant.name} {variant.overrides}", summary["all"]))
         report.write_json(args.out / f"variant-{variant.name}-summary.json",
@@ -339,18 +348,17 @@ def _overhead(args) -> int:
     count_tokens = _token_counter(str(config.model.path))
     requests = [replace(r, send_at=0.0, max_tokens=16) for r in plan(spec, count_tokens)]
     requests = [replace(r, prompt=r.prompt[:256]) for r in requests]
-    decode_bind = config.decode.env.get("VLLM_CPU_OMP_THREADS_BIND")
+    # the primary version's decode pool: the one whose engine settings the baseline runs
+    decode_bind = config.pool(config.model.version, "decode").env.get(CPU_BIND_ENV)
     setups = {
         "pdserve": lambda: processes.start_pdserve(args.config, config, log_dir, REPO),
         "vllm-decode-cores": lambda: processes.start_vllm_server(
             config, COMPARE_REFERENCE_PORT, log_dir, REPO, name="overhead-vllm",
-            cpu_bind=decode_bind),
+            role="decode", cpu_bind=decode_bind),
     }
     medians: dict[str, dict[str, float | None]] = {}
     for setup, start in setups.items():
-        server = start()
-        try:
-            processes.wait_ready(server)
+        with processes.running(start()) as server:
             _warm_up(server.base_url, config.model.name)
             ttfts, e2es = [], []
             for planned in requests:  # one at a time: no queueing, no batching
@@ -359,10 +367,8 @@ def _overhead(args) -> int:
                 if recs[0].ok:
                     ttfts.append(recs[0].ttft)
                     e2es.append(recs[0].e2e)
-            medians[setup] = {"ttft_p50_s": percentile(ttfts, 50),
-                              "e2e_p50_s": percentile(e2es, 50), "n": len(ttfts)}
-        finally:
-            processes.stop(server)
+        medians[setup] = {"ttft_p50_s": percentile(ttfts, 50),
+                          "e2e_p50_s": percentile(e2es, 50), "n": len(ttfts)}
     pd, plain = medians["pdserve"], medians["vllm-decode-cores"]
     added = {key: (pd[key] - plain[key]) if pd[key] is not None and plain[key] is not None
              else None for key in ("ttft_p50_s", "e2e_p50_s")}

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass, field
+
+from cluster.percentile import percentile
+from cluster.slo import SLOConfig
 
 
 @dataclass
@@ -44,24 +46,24 @@ class RequestRecord:
         return sum(gaps) / len(gaps) if gaps else None
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear-interpolated percentile (q in 0..100); None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low, high = math.floor(rank), math.ceil(rank)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
 def _percentiles(values: list[float]) -> dict[str, float | None]:
     return {f"p{q}": percentile(values, q) for q in (50, 95, 99)}
 
 
 @dataclass(frozen=True)
 class SLO:
-    ttft_s: float = 0.5
-    tpot_s: float = 0.1
+    """What a request must meet to count as goodput: its TTFT and its mean time per output
+    token. Built from a config's ``slo`` section (:meth:`from_config`)."""
+
+    ttft_s: float
+    tpot_s: float
+
+    @classmethod
+    def from_config(cls, slo: SLOConfig, ttft_s: float | None = None,
+                    tpot_s: float | None = None) -> SLO:
+        """``slo.ttft_p95_s`` and ``slo.tpot_s``, each replaced where given (CLI flags)."""
+        return cls(ttft_s=slo.ttft_p95_s if ttft_s is None else ttft_s,
+                   tpot_s=slo.tpot_s if tpot_s is None else tpot_s)
 
 
 def summarise(records: list[RequestRecord], duration_s: float, slo: SLO,

@@ -11,14 +11,16 @@ import asyncio
 import random
 
 import pytest
+from pydantic import ValidationError
 from ray.serve._private.common import DeploymentHandleSource, DeploymentID, RequestMetadata
 from ray.serve.config import RequestRouterConfig
 from ray.serve.request_router import PendingRequest, ReplicaID
 
+from cluster.config import DecodeRoutingConfig, parse_config
 from cluster.engine.messages import EngineRequest, SamplingSpec
 from cluster.engine.routing_stats import routing_stats_from
 from cluster.engine.stats import EngineStats
-from router.replica_choice import load_from_stats
+from router.replica_choice import DecodePolicy, PrefillPolicy, load_from_stats
 from router.replica_routers import (
     CODE_DIGEST_KEY,
     DecodeRequestRouter,
@@ -235,10 +237,13 @@ def test_a_dead_replica_is_forgotten():
 
 
 def test_policy_kwargs_are_checked():
-    with pytest.raises(TypeError):
+    # by the config models of router.routing, where the tunables' validation lives
+    with pytest.raises(ValidationError, match="no_such_knob"):
         make_router(PrefillRequestRouter, Clock(), block_size=16, no_such_knob=1)
-    with pytest.raises(ValueError):
-        make_router(PrefillRequestRouter, Clock(), block_size=0)
+    with pytest.raises(ValidationError, match="kv_high_water"):
+        make_router(DecodeRequestRouter, Clock(), max_num_seqs=16, kv_high_water=2)
+    with pytest.raises(TypeError, match="block_size"):  # the engines' block size is required
+        make_router(PrefillRequestRouter, Clock())
 
 
 # -- decode router ----------------------------------------------------------------------
@@ -247,7 +252,7 @@ def test_policy_kwargs_are_checked():
 def test_decode_router_prefers_the_least_loaded_and_counts_its_sends():
     async def check():
         clock = Clock()
-        router = make_router(DecodeRequestRouter, clock)
+        router = make_router(DecodeRequestRouter, clock, max_num_seqs=16)
         a = FakeReplica("a", {"running_seqs": 2, "kv_usage": 0.1, "max_num_seqs": 16,
                               "reported_at": clock.now})
         b = FakeReplica("b", {"running_seqs": 0, "kv_usage": 0.97, "max_num_seqs": 16,
@@ -269,7 +274,7 @@ def test_decode_router_prefers_the_least_loaded_and_counts_its_sends():
 def test_decode_router_ranks_a_replica_with_stale_stats_last():
     async def check():
         clock = Clock(1000.0)
-        router = make_router(DecodeRequestRouter, clock, stale_after_s=5)
+        router = make_router(DecodeRequestRouter, clock, max_num_seqs=16, stale_after_s=5)
         fresh = FakeReplica("fresh", {"running_seqs": 100, "kv_usage": 0.9, "reported_at": 999})
         stale = FakeReplica("stale", {"running_seqs": 0, "kv_usage": 0.0, "reported_at": 990})
         new = FakeReplica("new")    # no report yet: empty
@@ -325,26 +330,32 @@ def test_update_replicas_forgets_removed_replicas():
 # -- deployment option and replica stats ------------------------------------------------
 
 
-def test_router_config_names_the_class_and_carries_the_block_size():
-    config = request_router_config("prefill", 32)
+def test_router_config_names_the_class_and_carries_the_routing_config():
+    routing = parse_config({
+        "model": {"name": "m", "path": "/m"},
+        "router": {"routing": {"prefill": {"max_imbalance_tokens": 100},
+                               "decode": {"kv_high_water": 0.9}}},
+    }).router.routing
+    config = request_router_config("prefill", routing, block_size=32, max_num_seqs=64)
     assert isinstance(config, RequestRouterConfig)
     assert config.request_router_class == "router.replica_routers.PrefillRequestRouter"
     kwargs = dict(config.request_router_kwargs)
-    assert len(kwargs.pop(CODE_DIGEST_KEY)) == 16 and kwargs == {"block_size": 32}
+    assert len(kwargs.pop(CODE_DIGEST_KEY)) == 16
+    assert kwargs == {"block_size": 32, **routing.prefill.model_dump()}
     assert config.request_routing_stats_period_s == 1.0
     router_class = config.get_request_router_class()   # as Serve ships it: by value
     assert router_class.__name__ == "PrefillRequestRouter"
     router = make_router(router_class, Clock(), **config.request_router_kwargs)
-    assert router.policy.block_size == 32
-    decode = request_router_config("decode", 32, kv_high_water=0.9)
-    assert set(decode.request_router_kwargs) == {"kv_high_water", CODE_DIGEST_KEY}
+    assert router.policy == PrefillPolicy.from_config(routing.prefill, 32)
+    decode = request_router_config("decode", routing, block_size=32, max_num_seqs=64)
+    assert set(decode.request_router_kwargs) == {
+        "max_num_seqs", CODE_DIGEST_KEY, *DecodeRoutingConfig.model_fields}
     router = make_router(decode.get_request_router_class(), Clock(),
                          **decode.request_router_kwargs)
-    assert router.policy.kv_high_water == 0.9
+    assert router.policy == DecodePolicy.from_config(routing.decode, 64)
+    assert router.policy.kv_high_water == 0.9 and router.policy.default_max_num_seqs == 64
     with pytest.raises(ValueError):
-        request_router_config("router", 16)
-    with pytest.raises(ValueError):
-        request_router_config("prefill", 0)
+        request_router_config("router", routing, block_size=16, max_num_seqs=64)
 
 
 def test_engine_stats_reach_the_router_as_reported():

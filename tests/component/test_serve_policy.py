@@ -15,7 +15,10 @@ from cluster.autoscaling.config import (
 )
 from cluster.autoscaling.policy import ReplicaObservation
 from cluster.engine import load_report
-from tests.unit.test_autoscaling_policy import CONFIG, T
+from cluster.slo import SLOConfig
+from tests.unit.test_autoscaling_policy import CONFIG, SLO, T
+
+KWARGS = serve_policy.policy_kwargs(CONFIG, SLO)  # what Serve builds a policy class from
 
 ray_config = pytest.importorskip("ray.serve.config")
 
@@ -32,21 +35,24 @@ def test_autoscaling_config_for_validates_as_serves_autoscaling_config():
         StandbyWindow(start="17:00", end="23:00", min_replicas=4, days=["mon", "fri"])])
     autoscaling = AutoscalingConfig(prefill=PrefillScalingConfig(
         min_replicas=2, max_replicas=6, standby=evening))
-    data = serve_policy.autoscaling_config_for("prefill", None, autoscaling)
+    data = serve_policy.autoscaling_config_for("prefill", None, autoscaling, SLO)
     serve = ray_config.AutoscalingConfig(**data)
     assert (serve.min_replicas, serve.max_replicas, serve.initial_replicas) == (2, 6, 2)
     assert (serve.upscale_delay_s, serve.downscale_delay_s) == (0, 0)
     assert serve.look_back_period_s == autoscaling.look_back_period_s
     assert serve.policy.policy_function == (
         "cluster.autoscaling.serve_policy:PrefillAutoscalingPolicy")
-    assert AutoscalingConfig.model_validate(serve.policy.policy_kwargs) == autoscaling
+    kwargs = dict(serve.policy.policy_kwargs)
+    assert SLOConfig.model_validate(kwargs.pop("slo")) == SLO
+    assert AutoscalingConfig.model_validate(kwargs) == autoscaling
 
     per_version = serve_policy.autoscaling_config_for(
-        "decode", ReplicaBounds(min_replicas=1, max_replicas=3), autoscaling, initial_replicas=9)
+        "decode", ReplicaBounds(min_replicas=1, max_replicas=3), autoscaling, SLO,
+        initial_replicas=9)
     serve = ray_config.AutoscalingConfig(**per_version)
     assert (serve.min_replicas, serve.max_replicas, serve.initial_replicas) == (1, 3, 3)
     assert serve.policy.policy_function.endswith(":DecodeAutoscalingPolicy")
-    bare = serve_policy.autoscaling_config_for("decode", (1, 3), autoscaling,
+    bare = serve_policy.autoscaling_config_for("decode", (1, 3), autoscaling, SLO,
                                                deployment_policy=False)
     assert ray_config.AutoscalingConfig(**bare).policy.is_default_policy_function()
 
@@ -54,11 +60,11 @@ def test_autoscaling_config_for_validates_as_serves_autoscaling_config():
 def test_autoscaling_config_for_refuses_a_disabled_config_and_unknown_pools():
     with pytest.raises(ValueError, match="disabled"):
         serve_policy.autoscaling_config_for("prefill", None,
-                                            AutoscalingConfig(enabled=False))
+                                            AutoscalingConfig(enabled=False), SLO)
     with pytest.raises(ValueError, match="unknown pool"):
-        serve_policy.autoscaling_config_for("router", None, AutoscalingConfig())  # type: ignore
+        serve_policy.autoscaling_config_for("router", None, AutoscalingConfig(), SLO)  # type: ignore
     with pytest.raises(ValidationError):
-        serve_policy.autoscaling_config_for("prefill", (5, 2), AutoscalingConfig())
+        serve_policy.autoscaling_config_for("prefill", (5, 2), AutoscalingConfig(), SLO)
 
 
 def _context(name, metrics, *, current=2, target=None, state=None, now=T, app="app",
@@ -96,7 +102,7 @@ def _serve_wrapped(policy_dict, app_level=False):
 
 
 def test_the_deployment_policy_runs_through_serves_wrapper_and_keeps_its_state():
-    data = serve_policy.autoscaling_config_for("prefill", (1, 16), CONFIG)
+    data = serve_policy.autoscaling_config_for("prefill", (1, 16), CONFIG, SLO)
     serve = ray_config.AutoscalingConfig(**data)
     policy = _serve_wrapped(data["policy"])
     ctx = _context("prefill", {"queued_prefill_tokens": [30_000.0, 11_000.0],
@@ -116,8 +122,8 @@ def test_the_deployment_policy_runs_through_serves_wrapper_and_keeps_its_state()
 def test_the_app_policy_entry_validates_in_a_serve_application_config():
     from ray.serve.schema import ServeApplicationSchema
 
-    entry = serve_policy.app_autoscaling_policy(CONFIG, {"pf": "prefill:v1"})
-    deployment = serve_policy.autoscaling_config_for("prefill", None, CONFIG,
+    entry = serve_policy.app_autoscaling_policy(CONFIG, SLO, {"pf": "prefill:v1"})
+    deployment = serve_policy.autoscaling_config_for("prefill", None, CONFIG, SLO,
                                                      deployment_policy=False)
     app = ServeApplicationSchema(import_path="cluster.app:build", autoscaling_policy=entry,
                                  deployments=[{"name": "pf", "autoscaling_config": deployment}])
@@ -127,9 +133,9 @@ def test_the_app_policy_entry_validates_in_a_serve_application_config():
 
 
 def test_the_app_policy_sizes_each_versions_pools_and_leaves_other_deployments_alone():
-    policy = _serve_wrapped(serve_policy.app_autoscaling_policy(CONFIG), app_level=True)
+    policy = _serve_wrapped(serve_policy.app_autoscaling_policy(CONFIG, SLO), app_level=True)
     serve = ray_config.AutoscalingConfig(
-        **serve_policy.autoscaling_config_for("prefill", (1, 16), CONFIG,
+        **serve_policy.autoscaling_config_for("prefill", (1, 16), CONFIG, SLO,
                                               deployment_policy=False))
     contexts = {}
     for name, metrics in [
@@ -152,14 +158,14 @@ def test_the_app_policy_sizes_each_versions_pools_and_leaves_other_deployments_a
 
 
 def test_the_app_policy_keeps_its_memory_when_a_version_fails(monkeypatch):
-    policy = serve_policy.AppAutoscalingPolicy(**CONFIG.model_dump(mode="json"))
+    policy = serve_policy.AppAutoscalingPolicy(**KWARGS)
     memory = {serve_policy.STATE_KEY: {"last_scale_up_s": T - 10}}
     ctx = _context("prefill", {}, state=memory)
     ctx._aggregated_metrics_value = lambda: 1 / 0
     decisions, states = policy({ctx.deployment_id: ctx})
     assert decisions == {} and states[ctx.deployment_id] == memory
     with pytest.raises(ValueError, match="unknown pool"):
-        serve_policy.AppAutoscalingPolicy(deployment_pools={"x": "router"})
+        serve_policy.AppAutoscalingPolicy(deployment_pools={"x": "router"}, **KWARGS)
 
 
 def test_pools_are_found_by_name_or_by_explicit_mapping():
@@ -181,7 +187,7 @@ def test_each_decision_is_logged_with_its_reason_and_exported(monkeypatch, caplo
 
     monkeypatch.setattr(serve_policy.Recorder, "set", record)
     monkeypatch.setattr(serve_policy.Recorder, "inc", record)
-    policy = serve_policy.PrefillAutoscalingPolicy(**CONFIG.model_dump(mode="json"))
+    policy = serve_policy.PrefillAutoscalingPolicy(**KWARGS)
     with caplog.at_level("INFO", logger="ray.serve.pdserve.autoscaling"):
         policy(_context("prefill", {"queued_prefill_tokens": [30_000.0, 11_000.0]}))
     assert "app/prefill (prefill): 2 -> 3, up: queued prefill tokens 41k > 2 x 16k target" in (
@@ -202,13 +208,13 @@ def test_a_failing_metrics_export_never_breaks_scaling(monkeypatch):
 
     monkeypatch.setattr(serve_policy.Recorder, "set", broken)
     monkeypatch.setattr(serve_policy.Recorder, "inc", broken)
-    policy = serve_policy.PrefillAutoscalingPolicy(**CONFIG.model_dump(mode="json"))
+    policy = serve_policy.PrefillAutoscalingPolicy(**KWARGS)
     ctx = _context("prefill", {"queued_prefill_tokens": [40_000.0, 40_000.0]})
     assert policy(ctx)[0] == 4
 
 
 def test_a_failing_policy_holds_the_current_target():
-    policy = serve_policy.DecodeAutoscalingPolicy(**CONFIG.model_dump(mode="json"))
+    policy = serve_policy.DecodeAutoscalingPolicy(**KWARGS)
     ctx = _context("decode", {}, target=5, state={serve_policy.STATE_KEY: {"x": 1}})
     ctx._aggregated_metrics_value = lambda: 1 / 0
     replicas, state = policy(ctx)
@@ -217,7 +223,7 @@ def test_a_failing_policy_holds_the_current_target():
 
 def test_a_disabled_config_holds():
     policy = serve_policy.PrefillAutoscalingPolicy(
-        **AutoscalingConfig(enabled=False).model_dump(mode="json"))
+        **serve_policy.policy_kwargs(AutoscalingConfig(enabled=False), SLO))
     ctx = _context("prefill", {"queued_prefill_tokens": [10**6, 10**6]}, target=2)
     assert policy(ctx)[0] == 2
 

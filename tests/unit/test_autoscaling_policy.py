@@ -25,9 +25,11 @@ from cluster.autoscaling.policy import (
     decide_prefill,
     mix_ratio,
 )
+from cluster.slo import SLOConfig
 
 PREFILL = PrefillScalingConfig(max_replicas=16)
 DECODE = DecodeScalingConfig(max_replicas=32)
+SLO = SLOConfig()  # p95 TTFT 0.5 s, p95 ITL 0.05 s
 T = 1_750_000_000.0  # a fixed "now"
 
 
@@ -49,30 +51,30 @@ IDLE_DECODE = {"running_seqs": 0.0, "kv_usage": 0.0, "itl_p95_s": 0.02,
 
 
 def test_queued_prefill_tokens_above_target_scale_up_with_a_readable_reason():
-    decision = decide_prefill(prefill_view(2, queued_prefill_tokens=41_000), PREFILL, T)
+    decision = decide_prefill(prefill_view(2, queued_prefill_tokens=41_000), PREFILL, SLO, T)
     assert (decision.current, decision.desired, decision.direction) == (2, 3, "up")
     assert decision.reason == "up: queued prefill tokens 41k > 2 x 16k target"
     assert decision.state.last_scale_up_s == T
 
 
 def test_a_ttft_breach_scales_up_in_proportion_but_at_most_by_the_step_factor():
-    mild = decide_prefill(prefill_view(4, ttft_p95_s=0.6), PREFILL, T)
+    mild = decide_prefill(prefill_view(4, ttft_p95_s=0.6), PREFILL, SLO, T)
     assert mild.desired == 5 and mild.reason == "up: p95 TTFT 0.60 s > 0.50 s SLO"
-    severe = decide_prefill(prefill_view(4, ttft_p95_s=3.0), PREFILL, T)
+    severe = decide_prefill(prefill_view(4, ttft_p95_s=3.0), PREFILL, SLO, T)
     assert severe.desired == 8                                     # x2, not x6
-    one = decide_prefill(prefill_view(1, ttft_p95_s=0.51), PREFILL, T)
+    one = decide_prefill(prefill_view(1, ttft_p95_s=0.51), PREFILL, SLO, T)
     assert one.desired == 2                                        # at least one more
 
 
 def test_prompt_throughput_sizes_prefill_at_its_target_utilisation():
     # 32768 tokens/s per replica at 75%: 24576 planned; 80k tokens/s need 4 replicas.
-    decision = decide_prefill(prefill_view(2, prompt_tokens_per_s=80_000), PREFILL, T)
+    decision = decide_prefill(prefill_view(2, prompt_tokens_per_s=80_000), PREFILL, SLO, T)
     assert decision.desired == 4
     assert decision.reason == "up: prompt 80k tokens/s > 2 x 25k tokens/s"
 
 
 def test_a_huge_backlog_is_climbed_in_steps_not_in_one_jump():
-    decision = decide_prefill(prefill_view(3, queued_prefill_tokens=3_000_000), PREFILL, T)
+    decision = decide_prefill(prefill_view(3, queued_prefill_tokens=3_000_000), PREFILL, SLO, T)
     assert decision.desired == 6 and "step of at most x2" in decision.reason
     assert decision.need == pytest.approx(3_000_000 / 16384)
 
@@ -80,74 +82,75 @@ def test_a_huge_backlog_is_climbed_in_steps_not_in_one_jump():
 def test_the_next_scale_up_waits_for_starting_replicas_and_then_the_cool_down():
     after_up = PoolState(last_scale_up_s=T)
     starting = PoolView(6, PoolLoad.spread(3, ttft_p95_s=2.0), after_up, running=3)
-    decision = decide_prefill(starting, PREFILL, T + 200)
+    decision = decide_prefill(starting, PREFILL, SLO, T + 200)
     assert decision.direction == "hold" and "3 replica(s) still starting" in decision.reason
 
     ready = replace(starting, running=6)
-    first_seen = decide_prefill(ready, PREFILL, T + 230)           # all up: metrics lag
+    first_seen = decide_prefill(ready, PREFILL, SLO, T + 230)      # all up: metrics lag
     assert first_seen.direction == "hold" and "settling" in first_seen.reason
     assert first_seen.state.ready_since_s == T + 230
-    settled = decide_prefill(replace(ready, state=first_seen.state), PREFILL, T + 230 + 60)
+    settled = decide_prefill(replace(ready, state=first_seen.state), PREFILL, SLO, T + 230 + 60)
     assert settled.direction == "up" and settled.desired == 12
 
 
 def test_without_a_running_count_the_cool_down_counts_from_the_scale_up():
     view = PoolView(4, PoolLoad.spread(4, ttft_p95_s=1.0), PoolState(last_scale_up_s=T))
-    assert decide_prefill(view, PREFILL, T + 59).direction == "hold"
-    assert decide_prefill(view, PREFILL, T + 60).direction == "up"
+    assert decide_prefill(view, PREFILL, SLO, T + 59).direction == "hold"
+    assert decide_prefill(view, PREFILL, SLO, T + 60).direction == "up"
 
 
 def test_scale_down_needs_headroom_latency_margin_a_sustained_wish_and_a_cool_down():
     config = PREFILL
     low = {"queued_prefill_tokens": 1000.0, "ttft_p95_s": 0.1, "prompt_tokens_per_s": 1000.0}
     state = PoolState(last_scale_up_s=T - 10_000)
-    first = decide_prefill(prefill_view(5, state, **low), config, T)
+    first = decide_prefill(prefill_view(5, state, **low), config, SLO, T)
     assert first.direction == "hold" and "wanted for 0 s of 300 s" in first.reason
-    waiting = decide_prefill(prefill_view(5, first.state, **low), config, T + 299)
+    waiting = decide_prefill(prefill_view(5, first.state, **low), config, SLO, T + 299)
     assert waiting.direction == "hold"
-    down = decide_prefill(prefill_view(5, waiting.state, **low), config, T + 300)
+    down = decide_prefill(prefill_view(5, waiting.state, **low), config, SLO, T + 300)
     assert (down.desired, down.direction) == (4, "down")          # one step at a time
     assert down.reason.startswith("down: ")
     # The wish to shrink further starts again at the next tick; the next step then waits
     # for the cool-down since this scale-down, although the wish has lasted long enough.
-    wish = decide_prefill(prefill_view(4, down.state, **low), config, T + 301)
-    again = decide_prefill(prefill_view(4, wish.state, **low), config, T + 300 + 599)
+    wish = decide_prefill(prefill_view(4, down.state, **low), config, SLO, T + 301)
+    again = decide_prefill(prefill_view(4, wish.state, **low), config, SLO, T + 300 + 599)
     assert again.direction == "hold" and "cool-down (1 s left)" in again.reason
-    later = decide_prefill(prefill_view(4, again.state, **low), config, T + 300 + 600)
+    later = decide_prefill(prefill_view(4, again.state, **low), config, SLO, T + 300 + 600)
     assert later.direction == "down"
 
 
 def test_a_recent_scale_up_blocks_scale_down_for_the_cool_down():
     low = {"queued_prefill_tokens": 0.0, "ttft_p95_s": 0.1, "prompt_tokens_per_s": 0.0}
     state = PoolState(last_scale_up_s=T - 500, down_wanted_since_s=T - 400)
-    decision = decide_prefill(prefill_view(5, state, **low), PREFILL, T)
+    decision = decide_prefill(prefill_view(5, state, **low), PREFILL, SLO, T)
     assert decision.direction == "hold" and "cool-down (100 s left)" in decision.reason
 
 
 def test_load_inside_the_hysteresis_band_or_latency_near_the_slo_holds():
     # 3 replicas of load: 3 fit in 3, but not with 20% spare in 3 -> no scale-down from 4.
-    band = decide_prefill(prefill_view(4, queued_prefill_tokens=3 * 16384 * 0.9), PREFILL, T)
+    band = decide_prefill(prefill_view(4, queued_prefill_tokens=3 * 16384 * 0.9), PREFILL, SLO,
+                          T)
     assert band.direction == "hold" and "needs 4 replicas" in band.reason
-    near_slo = decide_prefill(prefill_view(4, ttft_p95_s=0.45), PREFILL, T)
+    near_slo = decide_prefill(prefill_view(4, ttft_p95_s=0.45), PREFILL, SLO, T)
     assert near_slo.direction == "hold" and "within 20% of 0.50 s SLO" in near_slo.reason
 
 
 def test_no_metrics_means_hold_not_scale_to_the_minimum():
     view = PoolView(5, PoolLoad((ReplicaObservation(),) * 5), PoolState(), running=5)
-    decision = decide_prefill(view, PREFILL, T)
+    decision = decide_prefill(view, PREFILL, SLO, T)
     assert decision.desired == 5 and decision.reason == "hold: no metrics reported"
 
 
 def test_bounds_of_the_view_override_the_pool_config_and_max_wins_over_the_floor():
     bounds = ReplicaBounds(min_replicas=3, max_replicas=4)
     view = PoolView(2, PoolLoad.spread(2, **IDLE_PREFILL), bounds=bounds, running=2)
-    assert decide_prefill(view, PREFILL, T).desired == 3
+    assert decide_prefill(view, PREFILL, SLO, T).desired == 3
     busy = replace(view, current=4, load=PoolLoad.spread(4, queued_prefill_tokens=10**6))
-    capped = decide_prefill(busy, PREFILL, T)
+    capped = decide_prefill(busy, PREFILL, SLO, T)
     assert capped.desired == 4 and "max_replicas 4" not in capped.reason  # already there
     evening = PREFILL.model_copy(update={"standby": StandbySchedule(
         windows=[StandbyWindow(start="00:00", end="23:59", min_replicas=9)])})
-    floored = decide_prefill(view, evening, datetime(2025, 6, 11, 12, tzinfo=UTC))
+    floored = decide_prefill(view, evening, SLO, datetime(2025, 6, 11, 12, tzinfo=UTC))
     assert (floored.floor, floored.desired) == (9, 4)
     assert floored.reason == (
         "up: standby floor 9 (queued prefill tokens 0 fits 0 x 16k target with 20% headroom)")
@@ -160,7 +163,7 @@ def test_the_standby_floor_raises_at_once_and_is_reported():
     at = datetime(2025, 6, 11, 18, tzinfo=UTC)                   # 20:00 in Berlin
     starting = PoolView(2, PoolLoad.spread(1, **IDLE_PREFILL), PoolState(last_scale_up_s=T),
                         running=1)
-    decision = decide_prefill(starting, config, at)
+    decision = decide_prefill(starting, config, SLO, at)
     assert (decision.desired, decision.floor, decision.direction) == (6, 6, "up")
     assert decision.reason.startswith("up: standby floor 6")
 
@@ -169,20 +172,20 @@ def test_the_standby_floor_raises_at_once_and_is_reported():
 
 
 def test_decode_scales_on_running_sequences_kv_cache_and_itl():
-    seqs = decide_decode(decode_view(2, running_seqs=400), DECODE, T)
+    seqs = decide_decode(decode_view(2, running_seqs=400), DECODE, SLO, T)
     assert seqs.desired == 4 and seqs.reason == "up: running seqs 400 > 2 x 128 target"
-    kv = decide_decode(decode_view(4, kv_usage=0.95), DECODE, T)
+    kv = decide_decode(decode_view(4, kv_usage=0.95), DECODE, SLO, T)
     assert kv.desired == 5 and kv.reason == "up: mean KV-cache use 95% > 80% target"
-    itl = decide_decode(decode_view(4, itl_p95_s=0.08), DECODE, T)
+    itl = decide_decode(decode_view(4, itl_p95_s=0.08), DECODE, SLO, T)
     assert itl.desired == 7 and itl.reason == "up: p95 ITL 0.08 s > 0.05 s SLO"
     fine = decide_decode(decode_view(4, running_seqs=400, kv_usage=0.6, itl_p95_s=0.03),
-                         DECODE, T)
+                         DECODE, SLO, T)
     assert fine.direction == "hold"
 
 
 def test_output_throughput_sizes_decode_at_its_target_utilisation():
     # 3000 tokens/s per replica at 75%: 2250 planned; 9000 tokens/s need 4 replicas.
-    decision = decide_decode(decode_view(2, output_tokens_per_s=9000), DECODE, T)
+    decision = decide_decode(decode_view(2, output_tokens_per_s=9000), DECODE, SLO, T)
     assert decision.desired == 4 and "output 9.0k tokens/s > 2 x 2.2k tokens/s" in (
         decision.reason)
 
@@ -209,12 +212,13 @@ def test_a_pool_that_scales_up_takes_the_other_along_by_the_mix():
                            prompt_tokens_per_s=90_000)
     decode = decode_view(4, running_seqs=300, kv_usage=0.5, itl_p95_s=0.03,
                          output_tokens_per_s=9_000)
-    both = decide_app(prefill, decode, CONFIG, T)
-    alone = decide_decode(decode, DECODE, T)
+    both = decide_app(prefill, decode, CONFIG, SLO, T)
+    alone = decide_decode(decode, DECODE, SLO, T)
     assert both.prefill.direction == "up" and alone.direction == "hold"
     assert both.decode.desired > alone.desired
     assert "prefill scaling to" in both.decode.reason and "token mix" in both.decode.reason
-    uncoupled = decide_app(prefill, decode, CONFIG.model_copy(update={"couple_pools": False}), T)
+    uncoupled = decide_app(prefill, decode, CONFIG.model_copy(update={"couple_pools": False}),
+                           SLO, T)
     assert uncoupled.decode.desired == alone.desired and uncoupled.prefill_per_decode is None
 
 
@@ -223,9 +227,9 @@ def test_decode_scaling_up_takes_prefill_along_too():
                            prompt_tokens_per_s=40_000)
     decode = decode_view(10, running_seqs=2000, kv_usage=0.7, itl_p95_s=0.04,
                          output_tokens_per_s=20_000)
-    both = decide_app(prefill, decode, CONFIG, T)
+    both = decide_app(prefill, decode, CONFIG, SLO, T)
     assert both.decode.direction == "up"
-    assert both.prefill.desired > decide_prefill(prefill, PREFILL, T).desired
+    assert both.prefill.desired > decide_prefill(prefill, PREFILL, SLO, T).desired
     assert "decode scaling to" in both.prefill.reason
 
 
@@ -234,7 +238,7 @@ def test_the_coupling_never_blocks_a_scale_down():
         **IDLE_PREFILL, "prompt_tokens_per_s": 30_000})
     decode = decode_view(10, PoolState(down_wanted_since_s=T - 1000), **{
         **IDLE_DECODE, "output_tokens_per_s": 3_000})
-    both = decide_app(prefill, decode, CONFIG, T)
+    both = decide_app(prefill, decode, CONFIG, SLO, T)
     assert both.prefill.direction == "down" and both.decode.direction == "down"
 
 
@@ -277,7 +281,7 @@ def _decide(pool, current, running, load, state, bound, now, standby):
     config = config.model_copy(update={"standby": EVENING if standby else None})
     pool_load = PoolLoad.spread(max(running, 1), **{n: load[n] for n in names})
     view = PoolView(current, pool_load, state, bound, running)
-    return decide(view, config, now), config
+    return decide(view, config, SLO, now), config
 
 
 @settings(max_examples=500, deadline=None)

@@ -4,8 +4,9 @@ import statistics
 
 import pytest
 
-from cluster.bench.stats import SLO, RequestRecord, percentile, ratio, summarise
+from cluster.bench.stats import SLO, RequestRecord, ratio, summarise
 from cluster.bench.workload import WorkloadSpec, arrival_times, plan
+from cluster.slo import SLOConfig
 
 
 def count_bytes(text: str) -> int:  # the tiny model's tokenizer: one token per byte
@@ -59,12 +60,6 @@ def test_arrivals_follow_the_rate_and_the_peak():
     assert inside > 2.5 * before
 
 
-def test_percentile():
-    assert percentile([], 50) is None
-    assert percentile([3, 1, 2], 50) == 2
-    assert percentile([0, 10], 95) == pytest.approx(9.5)
-
-
 def record(index, ttft, gaps, kind="short", error=None):
     r = RequestRecord(index, kind, 100, sent_at=1.0, error=error)
     if error is None:
@@ -89,8 +84,15 @@ def test_summary_counts_goodput_and_errors():
     assert summary["errors"] == {"http_503": 1}
     assert summary["output_tokens_per_s"] == (3 + 2 + 3) / 2
     assert summary["ttft_s"]["p50"] == pytest.approx(0.2)
-    short = summarise(records, 2.0, SLO(), kind="short")
+    short = summarise(records, 2.0, SLO.from_config(SLOConfig()), kind="short")
     assert short["requests"] == 3 and short["completed"] == 2
+
+
+def test_goodput_bounds_come_from_the_config_and_flags_override_them():
+    slo = SLOConfig(ttft_p95_s=0.3, tpot_s=0.04)
+    assert SLO.from_config(slo) == SLO(ttft_s=0.3, tpot_s=0.04)
+    assert SLO.from_config(slo, tpot_s=0.2) == SLO(ttft_s=0.3, tpot_s=0.2)
+    assert SLO.from_config(SLOConfig()) == SLO(ttft_s=0.5, tpot_s=0.1)  # the defaults
 
 
 def test_ratio():

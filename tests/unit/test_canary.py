@@ -6,11 +6,20 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
+from cluster.config import CanaryConfig
 from router.canary import CanaryPolicy, GateDecision, OutcomeWindow, WindowStats, decide, p95
 from router.versions import Rollout
 
-POLICY = CanaryPolicy()  # steps 5, 25, 50, 100; 300 s window; 50 requests per side
+
+def gate(**fields) -> CanaryPolicy:
+    """The gate of a canary section with ``fields`` set (the others: the config's defaults)."""
+    return CanaryPolicy.from_config(
+        CanaryConfig(served_model="chat", baseline="v1", candidate="v2", **fields))
+
+
+POLICY = gate()  # steps 5, 25, 50, 100; 300 s window; 50 requests per side
 
 
 @dataclass(frozen=True)
@@ -89,7 +98,7 @@ def test_a_vetoed_canary_is_held_and_with_rollback_on_veto_rolled_back():
     ok = stats(500)
     held = decide(POLICY, 25, ok, ok, True, now=1000, last_change_at=0, veto_reason="evals -3%")
     assert (held.action, held.to_percent) == ("hold", 25) and "evals -3%" in held.reason
-    strict = CanaryPolicy(rollback_on_veto=True)
+    strict = gate(rollback_on_veto=True)
     rolled = decide(strict, 25, ok, ok, True, now=1000, last_change_at=0)
     assert (rolled.action, rolled.to_percent) == ("rollback", 0)
     assert decide(POLICY, 25, ok, ok, False, now=1000, last_change_at=0).action == "promote"
@@ -140,11 +149,29 @@ def test_done_and_stopped_rollouts_only_hold_and_odd_percents_are_refused():
 @pytest.mark.parametrize("kwargs", [
     {"steps": ()}, {"steps": (5, 50)}, {"steps": (25, 5, 100)}, {"steps": (0, 100)},
     {"steps": (5, 5, 100)}, {"window_s": 0}, {"min_requests": 0},
-    {"max_error_rate_delta": -0.1}, {"max_ttft_p95_ratio": 0.9},
+    {"max_error_rate_delta": -0.1}, {"max_ttft_p95_ratio": 0.9}, {"max_itl_p95_ratio": 0.99},
+    {"max_samples_per_version": 0},
 ])
-def test_policy_validation(kwargs):
-    with pytest.raises(ValueError):
-        CanaryPolicy(**kwargs)
+def test_the_config_refuses_what_the_gate_cannot_run(kwargs):
+    # The validation lives in CanaryConfig: what `pdserve config` accepts, the gate runs.
+    with pytest.raises(ValidationError):
+        gate(**kwargs)
+
+
+def test_the_gate_takes_every_threshold_from_its_config():
+    policy = gate(steps=[10, 100], window_s=60, min_requests=5, max_error_rate_delta=0.02,
+                  max_ttft_p95_ratio=1.5, max_itl_p95_ratio=1.0, rollback_on_veto=True,
+                  max_samples_per_version=99)
+    assert policy == CanaryPolicy(
+        steps=(10, 100), window_s=60, min_requests=5, max_error_rate_delta=0.02,
+        max_ttft_p95_ratio=1.5, max_itl_p95_ratio=1.0, rollback_on_veto=True,
+        max_samples_per_version=99)
+    # the config's defaults are the gate's former ones
+    former = CanaryPolicy(
+        steps=(5, 25, 50, 100), window_s=300, min_requests=50, max_error_rate_delta=0.01,
+        max_ttft_p95_ratio=1.2, max_itl_p95_ratio=1.2, rollback_on_veto=False,
+        max_samples_per_version=10_000)
+    assert gate() == former
 
 
 def test_outcome_window_keeps_the_last_window_per_version():
@@ -183,9 +210,9 @@ def test_p95_is_an_exact_nearest_rank_percentile(values):
 side = st.builds(WindowStats, st.integers(0, 400), st.integers(0, 400),
                  st.none() | st.floats(0, 5), st.none() | st.floats(0, 1)).filter(
     lambda s: s.errors <= s.requests)
-policies = st.builds(CanaryPolicy,
+policies = st.builds(gate,
                      steps=st.lists(st.integers(1, 99), max_size=5, unique=True).map(
-                         lambda xs: (*sorted(xs), 100)),
+                         lambda xs: [*sorted(xs), 100]),
                      min_requests=st.integers(1, 100), rollback_on_veto=st.booleans())
 
 

@@ -37,6 +37,9 @@ def test_defaults_fill_everything_but_the_model():
         ({**MINIMAL, "engine": {"block_sise": 16}}, "engine.block_sise", "Extra inputs"),
         ({**MINIMAL, "kv_transfer": {"buffer_device": "tpu"}}, "kv_transfer.buffer_device",
          "'cpu' or 'cuda'"),
+        # vLLM 0.32 reads VLLM_CPU_KVCACHE_SPACE with int(): a fraction would stop the engine
+        ({**MINIMAL, "engine": {"cpu_kvcache_space_gib": 1.5}}, "engine.cpu_kvcache_space_gib",
+         "valid integer"),
     ],
 )
 def test_invalid_field_is_named(data, field, words):
@@ -48,8 +51,79 @@ def test_invalid_field_is_named(data, field, words):
 
 def test_pools_may_not_diverge_in_kv_layout():
     data = {**MINIMAL, "decode": {"engine_overrides": {"block_size": 64}}}
-    with pytest.raises(ConfigError, match=r"decode.engine_overrides may not set \['block_size'\]"):
+    with pytest.raises(ConfigError, match=r"decode\.engine_overrides: .*may not set "
+                                          r"\['block_size'\]: both pools"):
         parse_config(data)
+
+
+@pytest.mark.parametrize(("data", "field", "instead"), [
+    # the prefill router would keep hashing prefixes in engine.block_size blocks
+    ({"engine": {"extra": {"block_size": 8}}}, "engine.extra", "engine.block_size"),
+    ({"engine": {"extra": {"max_num_batched_tokens": 512}}}, "engine.extra",
+     "engine.max_num_batched_tokens"),
+    ({"engine": {"extra": {"tensor_parallel_size": 2}}}, "engine.extra",
+     "prefill.tensor_parallel_size / decode.tensor_parallel_size"),
+    ({"engine": {"extra": {"kv_transfer_config": {}}}}, "engine.extra", "kv_transfer"),
+    ({"prefill": {"engine_overrides": {"max_num_batched_tokens": 512}}},
+     "prefill.engine_overrides", "this pool's `max_num_batched_tokens`"),
+    ({"versions": {"v1": {"path": "/m", "decode": {"engine_overrides": {"model": "/x"}}}},
+      "served_models": {"m": {"v1": 100}}}, "versions.v1.decode.engine_overrides",
+     "model.path / versions.<version>.path"),
+])
+def test_escape_hatches_refuse_what_a_typed_field_sets(data, field, instead):
+    document = {**MINIMAL, **data}
+    if "versions" in data:
+        document.pop("model")
+    with pytest.raises(ConfigError) as raised:
+        parse_config(document)
+    assert f"{field}: " in str(raised.value) and f"(set {instead} instead)" in str(raised.value)
+
+
+def test_escape_hatches_still_pass_what_has_no_typed_field():
+    config = parse_config({**MINIMAL, "engine": {"extra": {"max_logprobs": 5}},
+                           "decode": {"engine_overrides": {"max_num_seqs": 384},
+                                      "max_num_batched_tokens": 1024}})
+    assert config.engine.extra == {"max_logprobs": 5}
+    assert config.decode.engine_overrides == {"max_num_seqs": 384}
+
+
+def test_a_canary_ratio_the_gate_would_refuse_is_refused_by_the_config():
+    data = {"versions": {"v1": {"path": "/m"}, "v2": {"path": "/m2"}},
+            "served_models": {"chat": {"v1": 100, "v2": 0}},
+            "canary": {"served_model": "chat", "baseline": "v1", "candidate": "v2",
+                       "max_ttft_p95_ratio": 0.9}}
+    with pytest.raises(ConfigError, match=r"canary\.max_ttft_p95_ratio: .*greater than or "
+                                          r"equal to 1"):
+        parse_config(data)
+    data["canary"]["max_ttft_p95_ratio"] = 1.0   # as fast as the baseline: allowed
+    assert parse_config(data).canary.max_ttft_p95_ratio == 1.0
+
+
+def test_slo_is_one_section_and_the_old_autoscaling_keys_say_where_it_went():
+    config = parse_config({**MINIMAL, "slo": {"ttft_p95_s": 0.3}})
+    assert (config.slo.ttft_p95_s, config.slo.itl_p95_s, config.slo.tpot_s) == (0.3, 0.05, 0.1)
+    data = {**MINIMAL, "autoscaling": {"decode": {"itl_p95_slo_s": 0.05}}}
+    with pytest.raises(ConfigError, match=r"autoscaling\.decode: .*itl_p95_slo_s moved to "
+                                          r"slo\.itl_p95_s"):
+        parse_config(data)
+
+
+def test_pool_bounds_resolve_over_autoscaling_and_must_stay_ordered():
+    data = {**MINIMAL, "autoscaling": {"prefill": {"min_replicas": 2, "max_replicas": 10}},
+            "prefill": {"max_replicas": 4}}
+    config = parse_config(data)
+    bounds = config.scaling_bounds("v1", "prefill")
+    assert (bounds.min_replicas, bounds.max_replicas) == (2, 4)
+    assert config.scaling_bounds("v1", "decode") == config.autoscaling.decode.bounds
+    assert parse_config(MINIMAL).scaling_bounds("v1", "prefill") is None  # fixed size
+    crossed = {**data, "prefill": {"min_replicas": 12}}
+    with pytest.raises(ConfigError, match=r"prefill: its replica bounds over "
+                                          r"autoscaling\.prefill's: min_replicas \(12\) "
+                                          r"exceeds max_replicas \(10\)"):
+        parse_config(crossed)
+    with pytest.raises(ConfigError, match=r"autoscaling\.decode: .*min_replicas \(9\) exceeds"):
+        parse_config({**MINIMAL, "autoscaling": {"decode": {"min_replicas": 9,
+                                                            "max_replicas": 3}}})
 
 
 def test_context_must_fit_the_generated_model():

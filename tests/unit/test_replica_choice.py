@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cluster.config import DecodeRoutingConfig, PrefillRoutingConfig, parse_config
 from router.replica_choice import (
     DecodePolicy,
     PendingTally,
@@ -20,6 +21,13 @@ from router.replica_choice import (
 )
 
 tokens = st.lists(st.integers(0, 50_000), max_size=300)
+DECODE = DecodePolicy.from_config(DecodeRoutingConfig(), max_num_seqs=256)
+
+
+def prefill_policy(block_size: int = 16, **routing) -> PrefillPolicy:
+    """The prefill policy of ``router.routing.prefill`` with ``routing`` set."""
+    return PrefillPolicy.from_config(PrefillRoutingConfig(**routing), block_size)
+
 block_sizes = st.integers(1, 32)
 replica_ids = st.lists(st.text("abcdefgh", min_size=1, max_size=3), min_size=1, max_size=6,
                        unique=True)
@@ -150,7 +158,7 @@ def test_old_reports_are_stale_and_garbage_reads_as_missing():
 
 # -- prefill ranking --------------------------------------------------------------------
 
-POLICY = PrefillPolicy(block_size=16, max_imbalance_tokens=1000)
+POLICY = prefill_policy(max_imbalance_tokens=1000)
 
 
 def _loads(queues: dict[str, int], stale: frozenset = frozenset()) -> list[ReplicaLoad]:
@@ -175,7 +183,7 @@ def test_affinity_bonus_is_the_saved_prefill_and_respects_the_cap(
     queue_a, queue_b, prompt_tokens, cached_blocks, cap
 ):
     """Two replicas, a holds part of the prompt: brute-force the rule."""
-    policy = PrefillPolicy(block_size=16, max_imbalance_tokens=cap)
+    policy = prefill_policy(max_imbalance_tokens=cap)
     choice = rank_prefill(prompt_tokens, {"a": cached_blocks},
                           _loads({"a": queue_a, "b": queue_b}), policy)
     saved = min(cached_blocks * 16, prompt_tokens - 1)
@@ -193,7 +201,7 @@ def test_a_hot_prefix_spreads_once_the_imbalance_exceeds_the_cap(n, suffixes, ca
     """Every request shares a 512-token system prompt; none completes. The chosen replica's
     queue never exceeds the shortest by more than the cap, so no replica gets more than an
     equal share plus the cap plus one prompt."""
-    policy = PrefillPolicy(block_size=16, max_imbalance_tokens=cap)
+    policy = prefill_policy(max_imbalance_tokens=cap)
     index, queues, rng = PrefixIndex(10_000), {f"r{i}": 0 for i in range(n)}, random.Random(seed)
     system = list(range(512))
     longest = 0
@@ -254,7 +262,7 @@ def _decode(rows) -> list[ReplicaLoad]:
 
 @given(decode_loads, st.integers(0, 2**32))
 def test_decode_ranks_least_loaded_first_full_next_stale_last(rows, seed):
-    policy = DecodePolicy()
+    policy = DECODE
     loads = _decode(rows)
     ranking = rank_decode(loads, policy, random.Random(seed))
     by_id = {load.replica_id: load for load in loads}
@@ -271,7 +279,7 @@ def test_decode_picks_the_least_loaded():
              ReplicaLoad("c", running_seqs=0, kv_usage=0.96),                     # full
              ReplicaLoad("d", running_seqs=5, kv_usage=0.2, max_num_seqs=100,
                          pending_requests=30)]                                    # 0.55
-    assert rank_decode(loads, DecodePolicy()) == ("b", "d", "a", "c")
+    assert rank_decode(loads, DECODE) == ("b", "d", "a", "c")
 
 
 # -- both: rankings are permutations ----------------------------------------------------
@@ -286,17 +294,44 @@ def test_rankings_are_permutations_of_the_candidates(ids, data, prompt_tokens, s
     matched = {r: data.draw(st.integers(0, 64)) for r in ids if data.draw(st.booleans())}
     rng = random.Random(seed) if data.draw(st.booleans()) else None
     prefill = rank_prefill(prompt_tokens, matched, loads, POLICY, rng).ranking
-    decode = rank_decode(loads, DecodePolicy(), rng)
+    decode = rank_decode(loads, DECODE, rng)
     assert sorted(prefill) == sorted(ids) == sorted(decode)
 
 
 def test_no_candidates_no_ranking():
     assert rank_prefill(10, {}, [], POLICY).ranking == ()
-    assert rank_decode([], DecodePolicy()) == ()
+    assert rank_decode([], DECODE) == ()
 
 
-def test_policies_refuse_nonsense():
-    with pytest.raises(ValueError):
-        PrefillPolicy(block_size=0)
-    with pytest.raises(ValueError):
-        DecodePolicy(kv_high_water=1.5)
+@pytest.mark.parametrize("routing", [
+    {"prefill": {"max_blocks": -1}}, {"prefill": {"index_capacity": 0}},
+    {"prefill": {"max_imbalance_tokens": -1}}, {"prefill": {"stale_after_s": 0}},
+    {"decode": {"kv_high_water": 1.5}}, {"decode": {"kv_weight": -1}},
+    {"decode": {"stale_after_s": 0}}, {"decode": {"kv_hi_water": 0.9}},
+])
+def test_the_config_refuses_nonsense_tunables(routing):
+    with pytest.raises(ValueError, match=r"router\.routing\."):
+        parse_config({"model": {"name": "m", "path": "/m"}, "router": {"routing": routing}})
+
+
+def test_policies_are_built_from_the_routing_config_and_the_engines():
+    config = parse_config({
+        "model": {"name": "m", "path": "/m"}, "engine": {"block_size": 32},
+        "router": {"routing": {
+            "prefill": {"max_blocks": 8, "max_imbalance_tokens": 100, "index_capacity": 50,
+                        "stale_after_s": 2},
+            "decode": {"kv_weight": 0.5, "kv_high_water": 0.8, "stale_after_s": 3}}},
+    })
+    routing = config.router.routing
+    assert PrefillPolicy.from_config(routing.prefill, config.engine.block_size) == (
+        PrefillPolicy(block_size=32, max_blocks=8, max_imbalance_tokens=100,
+                      index_capacity=50, stale_after_s=2))
+    assert DecodePolicy.from_config(routing.decode, max_num_seqs=64) == DecodePolicy(
+        kv_weight=0.5, kv_high_water=0.8, default_max_num_seqs=64, stale_after_s=3)
+    # the defaults are the values the policies had in code before they moved to the config
+    defaults = parse_config({"model": {"name": "m", "path": "/m"}}).router.routing
+    assert PrefillPolicy.from_config(defaults.prefill, 16) == PrefillPolicy(
+        block_size=16, max_blocks=64, max_imbalance_tokens=4096, index_capacity=100_000,
+        stale_after_s=5.0)
+    assert DecodePolicy.from_config(defaults.decode, 256) == DecodePolicy(
+        kv_weight=1.0, kv_high_water=0.95, default_max_num_seqs=256, stale_after_s=5.0)
