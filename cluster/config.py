@@ -26,7 +26,7 @@ from pydantic import (
 
 from cluster.autoscaling.config import AutoscalingConfig, ReplicaBounds
 from cluster.slo import SLOConfig
-from cluster.strict import _Strict
+from cluster.strict import StrictModel
 
 DEFAULT_CONFIG_PATH = Path("ray_configs/local.yaml")
 
@@ -63,7 +63,7 @@ def _refuse(hatch: dict[str, Any], owners: dict[str, str]) -> dict[str, Any]:
     return hatch
 
 
-class TinyModelSpec(_Strict):
+class TinyModelSpec(StrictModel):
     """How to generate the local development model when its directory does not exist yet."""
 
     seed: int = 0
@@ -84,7 +84,7 @@ class TinyModelSpec(_Strict):
         return self
 
 
-class Checkpoint(_Strict):
+class Checkpoint(StrictModel):
     """Where a model version's weights and tokenizer are."""
 
     path: Path = Field(description="local Hugging Face model directory (weights + tokenizer)")
@@ -112,7 +112,7 @@ class ModelConfig(Checkpoint):
     version: str = Field("v1", pattern=VERSION_PATTERN, description="the version's name")
 
 
-class EngineConfig(_Strict):
+class EngineConfig(StrictModel):
     """vLLM engine arguments shared by both pools (they must agree for KV to be portable)."""
 
     dtype: str = "auto"
@@ -143,7 +143,7 @@ class EngineConfig(_Strict):
         return _refuse(extra, {**per_pool, **shared, **_OWNED_ELSEWHERE})
 
 
-class PoolConfig(_Strict):
+class PoolConfig(StrictModel):
     """One pool (prefill or decode): its replicas and what each replica reserves."""
 
     replicas: int = Field(1, ge=1)
@@ -198,7 +198,7 @@ class VersionConfig(Checkpoint):
     decode: PoolConfig | None = Field(None, description="this version's decode pool")
 
 
-class KVTransferConfig(_Strict):
+class KVTransferConfig(StrictModel):
     """How prefill replicas hand KV blocks to decode replicas (vLLM NixlConnector)."""
 
     connector: Literal["NixlConnector"] = "NixlConnector"
@@ -228,7 +228,7 @@ class KVTransferConfig(_Strict):
     )
 
 
-class AdmissionConfig(_Strict):
+class AdmissionConfig(StrictModel):
     """Admission control of one router replica (see router/admission.py)."""
 
     token_budget: int = Field(
@@ -248,7 +248,7 @@ class AdmissionConfig(_Strict):
     )
 
 
-class AuthConfig(_Strict):
+class AuthConfig(StrictModel):
     """Optional API-key authentication: on when any key is configured."""
 
     api_keys: list[SecretStr] = Field(
@@ -259,7 +259,7 @@ class AuthConfig(_Strict):
     )
 
 
-class CanaryConfig(_Strict):
+class CanaryConfig(StrictModel):
     """A canary rollout of one served name: the gate steps the candidate's share up."""
 
     served_model: str = Field(min_length=1, description="the served name being rolled out")
@@ -298,7 +298,7 @@ class CanaryConfig(_Strict):
         return steps
 
 
-class PrefillRoutingConfig(_Strict):
+class PrefillRoutingConfig(StrictModel):
     """How the prefill pool's router weighs prefix-cache affinity against queued work
     (``router/replica_choice.py``; the block size is ``engine.block_size``)."""
 
@@ -315,7 +315,7 @@ class PrefillRoutingConfig(_Strict):
         5.0, gt=0, description="a replica whose last load report is older ranks last")
 
 
-class DecodeRoutingConfig(_Strict):
+class DecodeRoutingConfig(StrictModel):
     """How the decode pool's router picks the least loaded replica (the share of sequence
     slots in use, of the engine's ``max_num_seqs``, plus weighted KV-cache use)."""
 
@@ -329,14 +329,14 @@ class DecodeRoutingConfig(_Strict):
         5.0, gt=0, description="a replica whose last load report is older ranks last")
 
 
-class RoutingConfig(_Strict):
+class RoutingConfig(StrictModel):
     """Replica choice of the two engine pools (Serve request routers)."""
 
     prefill: PrefillRoutingConfig = PrefillRoutingConfig()
     decode: DecodeRoutingConfig = DecodeRoutingConfig()
 
 
-class RouterConfig(_Strict):
+class RouterConfig(StrictModel):
     """The HTTP ingress."""
 
     host: str = "127.0.0.1"
@@ -360,7 +360,7 @@ class RouterConfig(_Strict):
     routing: RoutingConfig = RoutingConfig()
 
 
-class RayConfig(_Strict):
+class RayConfig(StrictModel):
     """How `pdserve up` reaches Ray: start a local cluster or join one (`address`)."""
 
     address: str | None = Field(None, description="e.g. 'auto' to join `ray up`'s cluster")
@@ -374,7 +374,7 @@ class RayConfig(_Strict):
     )
 
 
-class PDServeConfig(_Strict):
+class PDServeConfig(StrictModel):
     """The whole cluster.
 
     Either ``model`` (one version) or ``versions`` + ``served_models`` (several versions

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from cluster.strict import _Strict
+from cluster.strict import StrictModel
 
 
-class SLOConfig(_Strict):
+class SLOConfig(StrictModel):
     """Latency objectives of the served model, in seconds."""
 
     ttft_p95_s: float = Field(

@@ -15,7 +15,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, field_validator, model_validator
 
-from cluster.strict import _Strict
+from cluster.strict import StrictModel
 
 Weekday = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
 WEEKDAYS: tuple[Weekday, ...] = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
@@ -30,7 +30,7 @@ def _parse_hh_mm(text: str) -> time:
     return time(int(match.group(1)), int(match.group(2)))
 
 
-class ReplicaBounds(_Strict):
+class ReplicaBounds(StrictModel):
     """The least and most replicas of one pool (or of one model version's pool).
 
     The one bounds type: each pool's autoscaling section is one (its defaults), and a pool's
@@ -62,7 +62,7 @@ class ReplicaBounds(_Strict):
         )
 
 
-class StandbyWindow(_Strict):
+class StandbyWindow(StrictModel):
     """A daily period with a higher minimum, e.g. the evening peak 17:00-23:00.
 
     ``end`` at or before ``start`` means the window wraps midnight (22:00-02:00 ends the
@@ -103,7 +103,7 @@ class StandbyWindow(_Strict):
         return self.end_time < self.start_time
 
 
-class StandbySchedule(_Strict):
+class StandbySchedule(StrictModel):
     """Warm capacity ahead of known peaks: a floor per window, ramped up before it starts.
 
     GPU replicas take minutes to start, so the floor rises linearly over ``ramp_minutes``
@@ -135,7 +135,7 @@ class StandbySchedule(_Strict):
 _MOVED = {"ttft_p95_slo_s": "slo.ttft_p95_s", "itl_p95_slo_s": "slo.itl_p95_s"}
 
 
-class _PoolScalingConfig(ReplicaBounds):
+class PoolScalingConfig(ReplicaBounds):
     """What both pools' policies share: bounds (the pool's defaults), utilisation target,
     hysteresis, timing. The latency objective is the cluster's ``slo`` section."""
 
@@ -181,7 +181,7 @@ class _PoolScalingConfig(ReplicaBounds):
         return ReplicaBounds(min_replicas=self.min_replicas, max_replicas=self.max_replicas)
 
 
-class PrefillScalingConfig(_PoolScalingConfig):
+class PrefillScalingConfig(PoolScalingConfig):
     """The prefill pool: compute-bound, sized by queued prompt tokens and TTFT."""
 
     target_queued_tokens_per_replica: float = Field(
@@ -195,7 +195,7 @@ class PrefillScalingConfig(_PoolScalingConfig):
     )
 
 
-class DecodeScalingConfig(_PoolScalingConfig):
+class DecodeScalingConfig(PoolScalingConfig):
     """The decode pool: memory-bandwidth-bound, sized by running sequences, KV and ITL."""
 
     max_replicas: int = Field(16, ge=1, description="default upper bound of the pool")
@@ -210,7 +210,7 @@ class DecodeScalingConfig(_PoolScalingConfig):
     )
 
 
-class AutoscalingConfig(_Strict):
+class AutoscalingConfig(StrictModel):
     """Autoscaling of the prefill and decode pools, separately and as one application.
 
     Reaches Ray Serve as ``policy_kwargs`` (``model_dump(mode="json")``); see

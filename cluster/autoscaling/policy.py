@@ -61,9 +61,9 @@ from typing import Literal
 from cluster.autoscaling.config import (
     AutoscalingConfig,
     DecodeScalingConfig,
+    PoolScalingConfig,
     PrefillScalingConfig,
     ReplicaBounds,
-    _PoolScalingConfig,
 )
 from cluster.autoscaling.schedule import Instant, epoch_seconds, standby_floor
 from cluster.slo import SLOConfig
@@ -345,7 +345,7 @@ class _Proposal:
 
 
 def _decide(
-    pool: Pool, view: PoolView, config: _PoolScalingConfig, now_s: float,
+    pool: Pool, view: PoolView, config: PoolScalingConfig, now_s: float,
     needs: Sequence[Need], latency: _Latency,
 ) -> ScalingDecision:
     bounds = view.bounds or config.bounds
@@ -360,7 +360,7 @@ def _decide(
 
 
 def _propose(
-    view: PoolView, config: _PoolScalingConfig, now_s: float,
+    view: PoolView, config: PoolScalingConfig, now_s: float,
     needs: Sequence[Need], latency: _Latency, lower: _Lower,
 ) -> _Proposal:
     current = view.current
@@ -383,7 +383,7 @@ def _propose(
     return _propose_down(view, config, now_s, _largest(own), latency, lower)
 
 
-def _up_wait(view: PoolView, config: _PoolScalingConfig, now_s: float) -> str | None:
+def _up_wait(view: PoolView, config: PoolScalingConfig, now_s: float) -> str | None:
     """Why a scale-up must wait for the last one to take effect; None: it need not."""
     state = view.state
     if view.running is not None and view.running < view.current:
@@ -399,7 +399,7 @@ def _up_wait(view: PoolView, config: _PoolScalingConfig, now_s: float) -> str | 
 
 
 def _propose_down(
-    view: PoolView, config: _PoolScalingConfig, now_s: float, load: Need, latency: _Latency,
+    view: PoolView, config: PoolScalingConfig, now_s: float, load: Need, latency: _Latency,
     lower: _Lower,
 ) -> _Proposal:
     current, state = view.current, view.state
