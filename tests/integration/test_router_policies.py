@@ -118,7 +118,9 @@ async def _flood_from_key_a(pdserve: str) -> dict:
         *overflow, other_key = await asyncio.gather(
             *(key_a(f"wait {i} " * 30) for i in range(3)),
             client.post("/v1/completions", headers=KEY_B,
-                        json={"model": MODEL, "prompt": "key b says hi", "max_tokens": 8}))
+                        json={"model": MODEL, "prompt": "key b says hi", "max_tokens": 8,
+                              # sampled: without ignore_eos an early EOS may end it
+                              "ignore_eos": True}))
         after_refusals = await state()
         finished = await asyncio.gather(*holders)
         after = await until(lambda s: s["running"] == 0, "the budget given back")
