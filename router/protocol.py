@@ -15,8 +15,41 @@ from cluster.engine.messages import SamplingSpec
 from router.errors import APIError, bad_request
 
 # Unknown fields are ignored, as OpenAI's API does: clients send fields this server does
-# not use (e.g. `user`, `metadata`). Types are strict: "5" is not a number.
+# not use (e.g. `metadata`, `store`). Types are strict: "5" is not a number. Fields that
+# would change the answer and are not honoured yet are refused instead (NOT_HONOURED).
 _MODEL_CONFIG = ConfigDict(extra="ignore", strict=True, frozen=True)
+
+# Fields of OpenAI's and vLLM's APIs that change the answer and that pdserve does not
+# honour yet, each with the values that leave the answer as pdserve gives it. Any other
+# value is refused with a 400 naming the field: a field accepted and then ignored is worse
+# than a refusal, because the client believes it got what it asked for.
+NOT_HONOURED: dict[str, tuple[Any, ...]] = {
+    # structured outputs
+    "response_format": (None, {"type": "text"}),
+    "structured_outputs": (None,),
+    "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,),
+    "guided_grammar": (None,), "guided_decoding_backend": (None,),
+    # tools
+    "tools": (None, []), "tool_choice": (None, "none", "auto"),
+    "functions": (None, []), "function_call": (None, "none", "auto"),
+    # logprobs and sampling beyond the supported set
+    "top_logprobs": (None, 0), "prompt_logprobs": (None,), "logit_bias": (None, {}),
+    "best_of": (None, 1), "use_beam_search": (None, False), "length_penalty": (None, 1),
+    "top_k": (None, 0, -1), "min_p": (None, 0), "repetition_penalty": (None, 1),
+    "min_tokens": (None, 0), "stop_token_ids": (None, []), "bad_words": (None, []),
+    "allowed_token_ids": (None,), "include_stop_str_in_output": (None, False),
+    "skip_special_tokens": (None, True), "spaces_between_special_tokens": (None, True),
+    "truncate_prompt_tokens": (None,), "return_tokens_as_token_ids": (None, False),
+    # prompt rendering
+    "chat_template": (None,), "chat_template_kwargs": (None, {}),
+    "add_generation_prompt": (None, True), "continue_final_message": (None, False),
+    "documents": (None,), "prompt_embeds": (None,), "mm_processor_kwargs": (None,),
+    "modalities": (None, ["text"]), "audio": (None,), "prediction": (None,),
+    "reasoning_effort": (None,), "echo": (None, False),
+    # engine internals a client must not set
+    "kv_transfer_params": (None,), "vllm_xargs": (None,), "cache_salt": (None,),
+    "priority": (None, 0),
+}
 
 
 class StreamOptions(BaseModel):
@@ -142,8 +175,33 @@ def parse_request(body: bytes, model_class: type[RequestT]) -> RequestT:
         request = model_class.model_validate(data)
     except ValidationError as error:
         raise _validation_error(error) from None
+    _refuse_not_honoured(data)
     _refuse_unsupported(request)
     return request
+
+
+def _refuse_not_honoured(data: dict[str, Any]) -> None:
+    """400 for a field that would change the answer and is not honoured (NOT_HONOURED)."""
+    for name, neutral in NOT_HONOURED.items():
+        if name in data and not any(_same(data[name], value) for value in neutral):
+            raise bad_request(f"'{name}' is not supported by this server yet",
+                              name, "unsupported_parameter")
+    options = data.get("stream_options")
+    if isinstance(options, dict) and options.get("continuous_usage_stats"):
+        raise bad_request("'stream_options.continuous_usage_stats' is not supported yet",
+                          "stream_options.continuous_usage_stats", "unsupported_parameter")
+    for index, message in enumerate(data.get("messages") or ()):
+        if isinstance(message, dict) and (message.get("tool_calls") or
+                                          message.get("function_call")):
+            raise bad_request("messages with tool calls are not supported yet",
+                              f"messages.{index}.tool_calls", "unsupported_parameter")
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    # JSON's true is not 1, and 1.0 is 1: compare type families, then values.
+    if isinstance(value, bool) or isinstance(neutral, bool):
+        return value is neutral
+    return value == neutral
 
 
 def _validation_error(error: ValidationError) -> APIError:

@@ -6,6 +6,7 @@ import pytest
 
 from router.errors import APIError
 from router.protocol import (
+    NOT_HONOURED,
     ChatCompletionRequest,
     CompletionRequest,
     check_token_ids,
@@ -104,3 +105,65 @@ def test_token_ids_must_be_in_vocabulary():
         check_token_ids([259], 259)
     with pytest.raises(APIError):
         check_token_ids([-1], 259)
+
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize("field", sorted(NOT_HONOURED))
+def test_a_field_not_honoured_is_refused_by_name_not_ignored(field):
+    for model_class, body in ((ChatCompletionRequest, CHAT),
+                              (CompletionRequest, {"model": "m", "prompt": "hi"})):
+        if field in model_class.model_fields:
+            continue  # parsed with its type (completions' echo): a dict is invalid_value
+        error = error_of(model_class, {**body, field: {"a value": "that changes the answer"}})
+        assert (error.status, error.param, error.code) == (400, field, "unsupported_parameter")
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("response_format", {"type": "json_object"}),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
+    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+    ("tool_choice", {"type": "function", "function": {"name": "f"}}),
+    ("tool_choice", "required"),
+    ("logit_bias", {"42": 100}),
+    ("top_logprobs", 2),
+    ("top_k", 5),
+    ("echo", True),
+    ("add_generation_prompt", False),
+    ("skip_special_tokens", False),
+])
+def test_what_users_send_today_is_refused_rather_than_silently_ignored(field, value):
+    error = error_of(ChatCompletionRequest, {**CHAT, field: value})
+    assert (error.param, error.code) == (field, "unsupported_parameter")
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("response_format", {"type": "text"}), ("tools", []), ("tool_choice", "none"),
+    ("tool_choice", "auto"), ("logit_bias", {}), ("top_k", -1), ("min_p", 0.0),
+    ("repetition_penalty", 1.0), ("echo", False), ("parallel_tool_calls", True),
+    ("stream_options", {"include_usage": True, "continuous_usage_stats": False}),
+])
+def test_values_that_leave_the_answer_unchanged_are_accepted(field, value):
+    assert parse(ChatCompletionRequest, {**CHAT, field: value}).model == "m"
+
+
+def test_tool_calls_in_the_conversation_and_continuous_usage_are_refused():
+    history = {**CHAT, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"id": "1", "type": "function",
+                         "function": {"name": "f", "arguments": "{}"}}]}]}
+    assert error_of(ChatCompletionRequest, history).param == "messages.1.tool_calls"
+    usage = {**CHAT, "stream": True, "stream_options": {"continuous_usage_stats": True}}
+    assert error_of(ChatCompletionRequest, usage).param == "stream_options.continuous_usage_stats"
+
+
+def test_true_is_not_a_neutral_one_nor_false_a_zero():
+    assert error_of(ChatCompletionRequest, {**CHAT, "best_of": True}).param == "best_of"
+    assert error_of(ChatCompletionRequest, {**CHAT, "min_tokens": False}).param == "min_tokens"
+
+
+def test_no_refused_field_is_one_the_router_parses():
+    parsed = set(ChatCompletionRequest.model_fields) | set(CompletionRequest.model_fields)
+    assert not parsed & (set(NOT_HONOURED) - {"echo"})  # completions parse echo to refuse it
