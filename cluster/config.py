@@ -91,6 +91,11 @@ class Checkpoint(StrictModel):
     generate: TinyModelSpec | None = Field(
         None, description="generate a tiny random model at `path` if it is missing (dev only)"
     )
+    tool_parser: str | None = Field(
+        None, description="vLLM's tool-call parser for this model (e.g. hermes, llama3_json): "
+        "requests with tools need one (tool_choice 'auto', 'required' or a named function; "
+        "without a parser vLLM answers them 400)",
+    )
 
     @field_validator("path")
     @classmethod

@@ -114,6 +114,16 @@ def start_pdserve(config_path: Path, config: PDServeConfig, log_dir: Path,
     return start("pdserve", args, base_url, log_dir, cwd)
 
 
+def frontend_flags(config: PDServeConfig) -> list[str]:
+    """What pdserve's router sets in vLLM's OpenAI layer for the primary version
+    (router/vllm_frontend.py), so that the baseline answers the same requests the same way."""
+    flags = ["--enable-prompt-tokens-details"]
+    parser = config.versions[config.model.version].tool_parser
+    if parser is not None:
+        flags += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
+    return flags
+
+
 def start_vllm_server(config: PDServeConfig, port: int, log_dir: Path, cwd: Path, *,
                       name: str = "vllm", role: Role = "decode",
                       cpu_bind: str | None = None) -> ManagedServer:
@@ -125,6 +135,7 @@ def start_vllm_server(config: PDServeConfig, port: int, log_dir: Path, cwd: Path
     also prefills (the prompts pdserve does not disaggregate).
     """
     args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            *baseline_flags(config, role), "--host", "127.0.0.1", "--port", str(port)]
+            *baseline_flags(config, role), *frontend_flags(config),
+            "--host", "127.0.0.1", "--port", str(port)]
     env = baseline_env(config, role, cpu_bind)
     return start(name, args, f"http://127.0.0.1:{port}", log_dir, cwd, env)

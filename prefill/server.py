@@ -25,8 +25,7 @@ class PrefillServer(EngineReplica):
         async for output in self._host.generate(
             request,
             kv_transfer_params=prefill_request_params(),
-            max_tokens=1,  # the producer's own sampled token is discarded
-            stream_deltas=False,
+            prefill_only=True,  # the producer's own sampled token is discarded
         ):
             final = output
         if final is None:  # the engine ended the stream without an output

@@ -18,7 +18,7 @@ class APIError(Exception):
         message: str,
         type: str = "invalid_request_error",  # OpenAI calls the field "type"
         param: str | None = None,
-        code: str | None = None,
+        code: str | int | None = None,  # pdserve's own are strings; vLLM's, the status
         headers: dict[str, str] | None = None,
     ):
         super().__init__(message)
@@ -48,13 +48,8 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 
 
 def model_not_found(model: str) -> APIError:
-    return APIError(
-        404,
-        f"The model '{model}' does not exist",
-        "invalid_request_error",
-        "model",
-        "model_not_found",
-    )
+    """An unknown served name, answered as vLLM's server answers it (its type, its code)."""
+    return APIError(404, f"The model `{model}` does not exist.", "NotFoundError", "model", 404)
 
 
 def route_not_found(path: str) -> APIError:

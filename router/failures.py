@@ -49,3 +49,30 @@ def failed_response(error: Exception, request_id: str, observer: RequestObserver
     api_error = client_error(error, request_id)
     observer.finish(outcome_for_status(api_error.status))
     return error_response(api_error, request_id)
+
+
+def vllm_error_response(error: BaseException) -> JSONResponse | None:
+    """vLLM's own answer to an error of its request handling (invalid sampling parameters,
+    a grammar it cannot compile, ...), as its server gives it; None for other failures.
+
+    An engine-side error arrives wrapped by Ray: its cause is what vLLM raised.
+    """
+    from ray import exceptions as ray_exceptions
+    from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+    from vllm.exceptions import VLLMError
+
+    if isinstance(error, ray_exceptions.RayTaskError):
+        error = error.cause
+    if not isinstance(error, VLLMError | ValueError | TypeError | OverflowError
+                      | NotImplementedError):
+        return None
+    response = create_error_response(error)
+    return JSONResponse(response.model_dump(), status_code=response.error.code)
+
+
+def failure_response(error: BaseException, request_id: str) -> JSONResponse:
+    """The answer to a failed request: vLLM's to its own errors, pdserve's to the rest."""
+    response = vllm_error_response(error)
+    if response is None:
+        response = error_response(client_error(error, request_id), request_id)
+    return response

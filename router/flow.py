@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from typing import Any, TypeVar
 
-from cluster.engine.messages import EngineRequest, PrefillResult, TokenChunk
+from cluster.engine.messages import EngineRequest, PrefillResult
 from router.disaggregation import Route
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class DisaggregatedFlow:
@@ -27,8 +30,8 @@ class DisaggregatedFlow:
 
     async def generate(
         self, request: EngineRequest, path: Route = "disaggregated"
-    ) -> AsyncIterator[TokenChunk]:
-        """Yield the request's token chunks; the last one carries ``finish_reason``.
+    ) -> AsyncIterator[Any]:
+        """Yield the request's vLLM ``RequestOutput`` deltas; the last is ``finished``.
 
         On the ``decode_local`` path the decode engine prefills the prompt itself.
 
@@ -45,9 +48,9 @@ class DisaggregatedFlow:
         stream = self._decode.generate.remote(request, handle)
         finished = False
         try:
-            async for chunk in stream:
-                finished = chunk.finish_reason is not None
-                yield chunk
+            async for output in stream:
+                finished = output.finished
+                yield output
         finally:
             if not finished:
                 stream.cancel()
@@ -62,8 +65,8 @@ class DisaggregatedFlow:
         }
 
 
-async def prepend(first: TokenChunk, rest: AsyncIterator[TokenChunk]) -> AsyncIterator[TokenChunk]:
+async def prepend(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
     """``first`` followed by the rest of a stream whose head was already taken."""
     yield first
-    async for chunk in rest:
-        yield chunk
+    async for item in rest:
+        yield item

@@ -1,8 +1,10 @@
-"""The accounting around one request: admission ticket, metrics and outcome (shell).
+"""The accounting around one request: admission tickets, metrics and outcome (shell).
 
-``Router`` reads as the request's path; this object keeps the books. Every request that
-reaches admission ends exactly one way (ok, refused, failed, cancelled), is counted once,
-and gives its admission ticket back however its stream ends.
+``Router`` reads as the request's path and vLLM's OpenAI layer writes the answer; this
+object keeps the books. Every request ends exactly one way (ok, refused, failed,
+cancelled), is counted once, and gives back every admission ticket it took however it
+ends. The first failure is kept, so that the router can answer it with its own status
+code when it happens before the first token, and count it by that status.
 
 Kept out of ``router.server``: Serve captures the ingress class while that module is still
 being imported, so helpers the class calls must live in a module imported before it.
@@ -10,74 +12,61 @@ being imported, so helpers the class calls must live in a module imported before
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable
-from typing import TypeVar
-
-from fastapi.responses import JSONResponse
+import asyncio
+from typing import Any
 
 from cluster import metrics as m
-from cluster.engine.messages import TokenChunk
+from router.admission import Ticket
 from router.admission_gate import AdmissionGate
 from router.errors import APIError
-from router.failures import client_error, error_response, failed_response
 from router.timing_metrics import RequestObserver
-
-T = TypeVar("T")
 
 
 class RequestLifecycle:
-    """One request from admission to its outcome; ``finish`` and ``fail`` count it once."""
+    """One request from admission to its outcome; the first outcome recorded wins."""
 
-    def __init__(self, gate: AdmissionGate, request_id: str, observer: RequestObserver):
+    def __init__(self, gate: AdmissionGate, request_id: str, observer: RequestObserver,
+                 key: str):
         self.request_id = request_id
+        self.failure: BaseException | None = None
         self._gate = gate
         self._observer = observer
-        self._ticket = None
+        self._key = key
+        self._tickets: set[Ticket] = set()
+        # The prompts of a batched request take turns through the pools (engine_client).
+        self.turn = asyncio.Lock()
 
-    async def admit(self, cost: int, key: str, prompt_tokens: int) -> JSONResponse | None:
-        """Wait for admission; a refusal (429/503) comes back as the response to send."""
+    async def admit(self, cost: int, prompt_tokens: int, route: str) -> Ticket:
+        """Wait for admission of a rendered prompt taking ``route`` through the pools; a
+        refusal (429/503) is recorded and raised."""
+        self._observer.routed(route, prompt_tokens)
         try:
-            self._ticket = await self._gate.acquire(cost, key, prompt_tokens=prompt_tokens)
+            ticket = await self._gate.acquire(cost, self._key, prompt_tokens=prompt_tokens)
         except APIError as refusal:
-            self._observer.finish(m.outcome_for_status(refusal.status))
-            return error_response(refusal, self.request_id)
-        except BaseException:  # cancelled: the client went away while queued
-            self._observer.finish("cancelled")
+            self.record_failure(refusal)
             raise
+        except BaseException:  # cancelled: the client went away while queued (or a
+            if self.failure is None:  # failed prompt of the same batch made vLLM cancel it)
+                self.finish("cancelled")
+            raise
+        self._tickets.add(ticket)
         self._observer.dispatched()
-        return None
+        return ticket
 
-    async def observed(self, chunks: AsyncIterator[TokenChunk]) -> AsyncIterator[TokenChunk]:
-        """``chunks``, each timed, giving the admission ticket back however they end."""
-        try:
-            async for chunk in chunks:
-                self._observer.chunk(chunk)
-                yield chunk
-        finally:
-            if self._ticket is not None:
-                self._gate.release(self._ticket)
-                self._ticket = None
-            await chunks.aclose()
+    def release(self, ticket: Ticket) -> None:
+        """A generation ended: its tokens go back to the budget (once)."""
+        if ticket in self._tickets:
+            self._tickets.discard(ticket)
+            self._gate.release(ticket)
 
-    async def attempt(self, step: Awaitable[T]) -> tuple[T | None, JSONResponse | None]:
-        """Await one step of the request: its result, or the error response to send.
+    def observe(self, output: Any) -> None:
+        """A ``RequestOutput`` delta arrived: time its new tokens."""
+        self._observer.tokens(sum(len(choice.token_ids) for choice in output.outputs))
 
-        A failure inside the pools becomes an OpenAI error (counted); a cancellation (the
-        client went away) is counted and propagates.
-        """
-        try:
-            return await step, None
-        except Exception as error:
-            return None, failed_response(error, self.request_id, self._observer)
-        except BaseException:
-            self._observer.finish("cancelled")
-            raise
-
-    def stream_failure(self, error: Exception) -> APIError:
-        """A failure after the status line was sent: counted, reported inside the stream."""
-        api_error = client_error(error, self.request_id)
-        self._observer.finish(m.outcome_for_status(api_error.status))
-        return api_error
+    def record_failure(self, error: BaseException) -> None:
+        """Keep the first failure: the router answers it (and counts it by its status)."""
+        if self.failure is None:
+            self.failure = error
 
     def finish(self, outcome: m.Outcome) -> None:
         """The request ended this way (the first call wins)."""

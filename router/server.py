@@ -1,9 +1,12 @@
 """The OpenAI-compatible ingress deployment (shell).
 
-Parses and validates requests (``router.protocol``), tokenizes them (one tokenizer for
-both pools, so both engines see identical token ids), runs them through the pools
-(``router.flow``) and writes OpenAI responses or SSE streams (``router.openai_format``).
-Every failure leaves as an OpenAI-style JSON error; no stack trace reaches a client.
+Authenticates, picks the model version (canary weights, sticky per user), and hands the
+request to vLLM's own OpenAI layer for that version (``router.vllm_frontend``): vLLM parses,
+renders and validates it and writes the answer, while its engine client
+(``router.engine_client``) runs it through admission and the pools. Every answer carries
+the request id, the version and the router replica; every failure leaves as an OpenAI-style
+JSON error, never a stack trace, and a failure before the first token keeps its status code
+instead of becoming an error inside a 200 stream.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ import os
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,14 +28,11 @@ from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cluster.config import PDServeConfig
-from cluster.engine.messages import EngineRequest, TokenChunk
-from cluster.metrics import Outcome
-from router import openai_format as fmt
+from cluster.metrics import outcome_for_status
 from router.admission import client_key
 from router.admission_gate import AdmissionGate
 from router.auth import accepted_digests, bearer_token, is_authorized
 from router.canary_rollout import RolloutClient
-from router.disaggregation import choose_path
 from router.errors import (
     APIError,
     bad_request,
@@ -42,22 +42,29 @@ from router.errors import (
     service_unavailable,
     unauthorized,
 )
-from router.failures import error_response
+from router.failures import error_response, failure_response, vllm_error_response
 from router.flow import DisaggregatedFlow, prepend
 from router.lifecycle import RequestLifecycle
-from router.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    check_token_ids,
-    parse_request,
-    resolve_max_tokens,
-)
+from router.protocol import refuse_not_honoured
 from router.timing_metrics import RequestObserver, count_refusal
 from router.versions import choose_version, sticky_key_for
+from router.vllm_frontend import (
+    Frontend,
+    VersionFrontends,
+    build_version,
+    parse_json_body,
+    parse_openai_request,
+)
 
 logger = logging.getLogger(__name__)
 
 app = FastAPI(title="pdserve", docs_url=None, redoc_url=None)
+# What vLLM's exception handlers, which the router reuses, read of their app.
+app.state.args = SimpleNamespace(log_error_stack=False)
+
+Kind = Literal["chat", "completion"]
+# vLLM's id prefixes: its answers are "chatcmpl-<id>" and "cmpl-<id>".
+ID_PREFIX: dict[Kind, str] = {"chat": "chatcmpl", "completion": "cmpl"}
 
 
 @app.exception_handler(APIError)
@@ -74,56 +81,48 @@ async def _http_error(request: Request, error: StarletteHTTPException) -> JSONRe
 
 
 @app.exception_handler(RequestValidationError)
-async def _validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
+async def _validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+    """A body vLLM's request models refuse: answered as vLLM's own server answers it."""
+    from vllm.entrypoints.serve.exception_handling.handlers.validation import (
+        validation_exception_handler,
+    )
+
     count_refusal(400)
-    return error_response(bad_request(str(error.errors()[0].get("msg", "invalid request"))))
+    return await validation_exception_handler(request, error)
 
 
-@dataclass
-class _Version:
-    """What the router holds per model version: its tokenizer and its two pools."""
-
-    tokenizer: object
-    vocab_size: int
-    flow: DisaggregatedFlow
-
-
-RequestBody = CompletionRequest | ChatCompletionRequest
-PromptIds = Callable[[Any, _Version], list[int]]
-
-
-def completion_prompt_ids(body: CompletionRequest, version: _Version) -> list[int]:
-    """The prompt of ``/v1/completions``: text tokenized, or token ids checked."""
-    prompt = body.single_prompt()
-    if isinstance(prompt, str):
-        return version.tokenizer.encode(prompt)
-    check_token_ids(prompt, version.vocab_size)
-    return list(prompt)
-
-
-def chat_prompt_ids(body: ChatCompletionRequest, version: _Version) -> list[int]:
-    """The prompt of ``/v1/chat/completions``: the messages through the chat template."""
+# Module-level helpers stand above the class: Serve captures it mid-import.
+def _parsed(kind: str, data: Any) -> Any:
+    """vLLM's request model of ``kind``, or vLLM's answer to what its own checks refuse."""
     try:
-        text = version.tokenizer.apply_chat_template(
-            body.template_messages(), tokenize=False, add_generation_prompt=True
-        )
-    except Exception as error:  # a template may refuse e.g. a role order it cannot render
-        raise bad_request(f"messages cannot be rendered: {error}", "messages") from None
-    return version.tokenizer.encode(text, add_special_tokens=False)
+        return parse_openai_request(kind, data)
+    except RequestValidationError:
+        raise  # answered by the handler above, as vLLM's server answers it
+    except Exception as error:
+        response = vllm_error_response(error)
+        if response is None:
+            raise
+        count_refusal(response.status_code)
+        return response
+
+
+def _error_status(result: Any) -> int | None:
+    """The status of an ``ErrorResponse`` vLLM's layer returned (None: not an error)."""
+    error = getattr(result, "error", None)
+    return int(error.code) if error is not None and hasattr(error, "code") else None
 
 
 @serve.deployment
 @serve.ingress(app)
 class Router:
     def __init__(self, config: PDServeConfig, pools: dict[str, dict], rollout=None):
-        from transformers import AutoTokenizer
-
         self._config = config
-        self._versions: dict[str, _Version] = {}
-        for name, version in config.versions.items():
-            tokenizer = AutoTokenizer.from_pretrained(str(version.path))
+        self._versions: dict[str, VersionFrontends] = {}
+        for name in config.versions:
             flow = DisaggregatedFlow(pools[name]["prefill"], pools[name]["decode"])
-            self._versions[name] = _Version(tokenizer, len(tokenizer), flow)
+            served = [served for served, weights in config.served_models.items()
+                      if weights.get(name) is not None]
+            self._versions[name] = build_version(config, name, flow, served)
         self._rollout = RolloutClient(
             rollout, config.served_models,
             config.canary.served_model if config.canary is not None else None)
@@ -141,7 +140,7 @@ class Router:
 
     @app.get("/health")
     async def health(self) -> JSONResponse:
-        checks = [asyncio.ensure_future(version.flow.pool_stats())
+        checks = [asyncio.ensure_future(version.client.flow.pool_stats())
                   for version in self._versions.values()]
         done, pending = await asyncio.wait(checks, timeout=5)
         for check in pending:
@@ -170,7 +169,7 @@ class Router:
         chosen = self._versions.get(version or self._config.model.version)
         if chosen is None:
             raise bad_request(f"unknown version {version!r}", "version")
-        return JSONResponse(await chosen.flow.pool_stats())
+        return JSONResponse(await chosen.client.flow.pool_stats())
 
     @app.get("/admin/rollout")
     async def rollout(self, request: Request) -> JSONResponse:
@@ -188,24 +187,21 @@ class Router:
 
     @app.post("/v1/completions")
     async def completions(self, request: Request):
-        return await self._handle(request, CompletionRequest, completion_prompt_ids,
-                                  "completion", "cmpl")
+        return await self._openai(request, "completion")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
-        return await self._handle(request, ChatCompletionRequest, chat_prompt_ids,
-                                  "chat", "chatcmpl")
+        return await self._openai(request, "chat")
 
-    async def _handle(self, request: Request, schema: type[RequestBody],
-                      prompt_ids_of: PromptIds, kind: fmt.Kind, id_prefix: str):
-        """Both endpoints: authenticate, parse, choose the version, tokenize, serve."""
-        arrival = time.monotonic()
-        self._authorize(request)
-        body = parse_request(await request.body(), schema)
-        version_name, version = self._choose_version(request, body.model, body.user)
-        prompt_ids = prompt_ids_of(body, version)
-        key = client_key(request.headers.get("authorization"), body.user)
-        return await self._serve(body, prompt_ids, kind, id_prefix, arrival, key, version_name)
+    @app.post("/tokenize")
+    async def tokenize(self, request: Request) -> JSONResponse:
+        """vLLM's ``/tokenize``: a prompt or chat messages as the engines would see them."""
+        return await self._tokenization(request, "tokenize")
+
+    @app.post("/detokenize")
+    async def detokenize(self, request: Request) -> JSONResponse:
+        """vLLM's ``/detokenize``: token ids back to text."""
+        return await self._tokenization(request, "detokenize")
 
     # ---- who, and which version ------------------------------------------------------
 
@@ -215,15 +211,18 @@ class Router:
         if not is_authorized(authorization, self._api_keys):
             raise unauthorized(has_key=bearer_token(authorization) is not None)
 
-    def _choose_version(self, request: Request, served_name: str,
-                        user: str | None) -> tuple[str, _Version]:
+    def _choose_version(self, request: Request, served_name: str | None,
+                        user: str | None) -> tuple[str, str, Frontend]:
+        """The version that answers (sticky per user, else per API key) and the frontend
+        of the served name the client asked for (default: the primary one)."""
+        served_name = served_name or self._config.model.name
         weights = self._rollout.weights(served_name)
         if weights is None:
             raise model_not_found(served_name)
         # Sticky per user, else per API key: one conversation stays on one version.
         sticky = sticky_key_for(user, request.headers.get("authorization"))
         name = choose_version(weights, sticky, self._random.random(), served_name=served_name)
-        return name, self._versions[name]
+        return name, served_name, self._versions[name].by_name[served_name]
 
     # ---- the serving path ------------------------------------------------------------
 
@@ -234,86 +233,107 @@ class Router:
             self._replica = serve.get_replica_context().replica_id.unique_id
         return self._replica
 
-    async def _serve(
-        self, body: RequestBody, prompt_ids: list[int], kind: fmt.Kind, id_prefix: str,
-        arrival: float, key: str, version_name: str,
-    ):
-        version = self._versions[version_name]
-        max_tokens = resolve_max_tokens(
-            len(prompt_ids),
-            body.requested_max_tokens(),
-            self._config.engine.max_model_len,
-            self._config.router.default_max_tokens,
-        )
-        request_id = f"{id_prefix}-{uuid.uuid4().hex}"
-        path = choose_path(len(prompt_ids), self._config.router.disaggregation_threshold_tokens)
+    async def _openai(self, request: Request, kind: Kind):
+        """Chat and completions: vLLM's layer runs the request, pdserve keeps the books."""
+        arrival = time.monotonic()
+        self._authorize(request)
+        data = parse_json_body(await request.body())
+        refuse_not_honoured(data)
+        body = _parsed(kind, data)
+        if isinstance(body, JSONResponse):
+            return body
+        version_name, served_name, frontend = self._choose_version(
+            request, body.model, body.user)
+        key = uuid.uuid4().hex
+        body.request_id = key  # vLLM's ids become "<prefix>-<key>": the client finds ours
+        request_id = f"{ID_PREFIX[kind]}-{key}"
         lifecycle = RequestLifecycle(self._gate, request_id, RequestObserver(
-            body.model, version_name, path, arrival, len(prompt_ids),
-            on_finish=self._rollout.record))
-        # The most KV this request can come to hold: prompt plus every allowed token.
-        refusal = await lifecycle.admit(len(prompt_ids) + max_tokens, key, len(prompt_ids))
-        if refusal is not None:
-            return refusal
-        engine_request = EngineRequest(request_id, tuple(prompt_ids), body.sampling(max_tokens))
-        chunks = lifecycle.observed(version.flow.generate(engine_request, path))
-        # Wait for the first token before answering, so that a failure before any
-        # output still gets a proper status code instead of an error inside a 200 stream.
-        first, failure = await lifecycle.attempt(anext(chunks))
-        if failure is not None:
-            await chunks.aclose()
-            return failure
-        meta = fmt.ResponseMeta(
-            request_id, body.model, int(time.time()), kind, body.return_token_ids
-        )
+            served_name, version_name, arrival, on_finish=self._rollout.record),
+            client_key(request.headers.get("authorization"), body.user))
         headers = {"x-request-id": request_id, "x-pdserve-version": version_name,
                    "x-pdserve-router": self._replica_id}
-        if body.stream:
-            events = self._events(meta, prompt_ids, first, chunks, body.include_usage, lifecycle)
-            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+        client = self._versions[version_name].client
+        client.register(key, lifecycle)
         try:
-            response, failure = await lifecycle.attempt(
-                self._collect(meta, prompt_ids, first, chunks))
-        finally:
-            await chunks.aclose()  # ends the decode stream and frees the admission ticket
-        if failure is not None:
-            return failure
-        lifecycle.finish("ok")
-        return JSONResponse(response, headers=headers)
+            result = await (frontend.chat.create_chat_completion(body) if kind == "chat"
+                            else frontend.completion.create_completion(body))
+        except Exception as error:
+            client.unregister(key)
+            return self._failed(error, lifecycle, headers)
+        except BaseException:
+            client.unregister(key)
+            lifecycle.finish("cancelled")
+            raise
+        if isinstance(result, AsyncIterator):
+            return await self._stream(result, lifecycle, headers,
+                                      lambda: client.unregister(key))
+        client.unregister(key)
+        return self._answer(result, lifecycle, headers)
 
-    async def _collect(self, meta, prompt_ids, first: TokenChunk, chunks) -> dict:
-        texts, token_ids, last = [first.text], list(first.token_ids), first
-        async for chunk in chunks:
-            texts.append(chunk.text)
-            token_ids.extend(chunk.token_ids)
-            last = chunk
-        return fmt.full_response(
-            meta, "".join(texts), token_ids, prompt_ids, last.finish_reason,
-            last.completion_tokens, last.cached_prompt_tokens,
-        )
+    def _answer(self, result: Any, lifecycle: RequestLifecycle,
+                headers: dict[str, str]) -> JSONResponse:
+        """A unary answer, or the error vLLM's layer formatted for a failure."""
+        if lifecycle.failure is not None:
+            return self._failed(lifecycle.failure, lifecycle, headers)
+        status = _error_status(result)
+        lifecycle.finish("ok" if status is None else outcome_for_status(status))
+        return JSONResponse(result.model_dump(), status_code=status or 200, headers=headers)
 
-    async def _events(
-        self, meta, prompt_ids, first: TokenChunk, chunks, include_usage: bool,
-        lifecycle: RequestLifecycle,
-    ) -> AsyncIterator[str]:
-        outcome: Outcome = "cancelled"  # unless the stream reaches its end
+    def _failed(self, error: BaseException, lifecycle: RequestLifecycle,
+                headers: dict[str, str]) -> JSONResponse:
+        """The answer to a failure before any output, counted by its status."""
+        response = failure_response(error, lifecycle.request_id)
+        lifecycle.finish(outcome_for_status(response.status_code))
+        response.headers.update(headers)
+        return response
+
+    async def _stream(self, events: AsyncIterator[str], lifecycle: RequestLifecycle,
+                      headers: dict[str, str], done) -> Any:
+        """Wait for the first event before answering 200: a refusal or a failure before
+        any output then keeps its own status code instead of an error inside a stream."""
         try:
-            start = fmt.stream_start(meta, prompt_ids)
-            if start:
-                yield start
-            last = first
-            pending_prompt_ids = None if start else prompt_ids
-            async for chunk in prepend(first, chunks):
-                event = fmt.stream_chunk(meta, chunk, pending_prompt_ids)
-                if event:
-                    yield event
-                    pending_prompt_ids = None
-                last = chunk
-            if include_usage:
-                yield fmt.stream_usage(meta, last)
-            outcome = "ok"
-        except Exception as error:  # the status line is gone: report inside the stream
-            yield fmt.stream_error(lifecycle.stream_failure(error).body())
+            first = await anext(events)
+        except BaseException:
+            done()
+            lifecycle.finish("cancelled")
+            raise
+        if lifecycle.failure is not None:
+            await events.aclose()
+            done()
+            return self._failed(lifecycle.failure, lifecycle, headers)
+        relayed = self._relay(prepend(first, events), lifecycle, done)
+        return StreamingResponse(relayed, media_type="text/event-stream", headers=headers)
+
+    async def _relay(self, events: AsyncIterator[str], lifecycle: RequestLifecycle,
+                     done) -> AsyncIterator[str]:
+        """The SSE events as vLLM's layer writes them, counted once however they end."""
+        completed = False
+        try:
+            async for event in events:
+                yield event
+            completed = True
         finally:
-            lifecycle.finish(outcome)
-            await chunks.aclose()
-        yield fmt.DONE_EVENT
+            await events.aclose()
+            done()
+            if lifecycle.failure is not None:  # vLLM reported it inside the stream
+                status = failure_response(lifecycle.failure, lifecycle.request_id).status_code
+                lifecycle.finish(outcome_for_status(status))
+            # a client that left stops the relay before its end
+            lifecycle.finish("ok" if completed else "cancelled")
+
+    async def _tokenization(self, request: Request, which: str) -> JSONResponse:
+        self._authorize(request)
+        body = _parsed(which, parse_json_body(await request.body()))
+        if isinstance(body, JSONResponse):
+            return body
+        *_, frontend = self._choose_version(request, body.model, None)
+        handler = (frontend.tokenization.create_tokenize if which == "tokenize"
+                   else frontend.tokenization.create_detokenize)
+        try:
+            result = await handler(body, None)
+        except Exception as error:
+            response = vllm_error_response(error)
+            if response is None:
+                raise
+            return response
+        return JSONResponse(result.model_dump(), status_code=_error_status(result) or 200)

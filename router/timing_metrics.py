@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable
 
 from cluster import metrics as m
-from cluster.engine.messages import TokenChunk
 from router.timing import RequestTimer
 
 RECORDER = m.Recorder()
@@ -29,23 +28,29 @@ def count_refusal(status: int, model: str = UNKNOWN, version: str = UNKNOWN) -> 
 class RequestObserver:
     """Times one admitted request and records its metrics exactly once when it ends."""
 
-    def __init__(self, model: str, version: str, path: str, arrival: float,
-                 prompt_tokens: int, clock=time.monotonic,
+    def __init__(self, model: str, version: str, arrival: float, clock=time.monotonic,
                  on_finish: Callable[[str, str, m.Outcome, RequestTimer], None] | None = None):
         """``on_finish(model, version, outcome, timer)`` is called once when it ends (the
         canary gate's samples)."""
-        self._tags = {"model": model, "version": version, "path": path}
+        # The path is known once the prompt is rendered (``routed``).
+        self._tags = {"model": model, "version": version, "path": UNKNOWN}
         self._on_finish = on_finish
         self._clock = clock
-        self._prompt_tokens = prompt_tokens
+        self._prompt_tokens = 0
         self._done = False
         self.timer = RequestTimer(arrival=arrival)
+
+    def routed(self, path: str, prompt_tokens: int) -> None:
+        """The rendered prompt's length and the path it takes (prompts of a batch add up)."""
+        self._tags["path"] = path
+        self._prompt_tokens += prompt_tokens
 
     def dispatched(self) -> None:
         self.timer.dispatch(self._clock())
 
-    def chunk(self, chunk: TokenChunk) -> None:
-        self.timer.chunk(self._clock(), len(chunk.token_ids))
+    def tokens(self, count: int) -> None:
+        """``count`` new tokens arrived together (one engine output)."""
+        self.timer.chunk(self._clock(), count)
 
     def finish(self, outcome: m.Outcome) -> None:
         if self._done:

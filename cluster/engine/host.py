@@ -20,7 +20,7 @@ from cluster import metrics as m
 from cluster.config import PDServeConfig
 from cluster.engine.args import engine_env, engine_kwargs
 from cluster.engine.load_report import LoadReporter
-from cluster.engine.messages import EngineRequest, SamplingSpec
+from cluster.engine.messages import EngineRequest
 from cluster.engine.routing_stats import routing_stats_from
 from cluster.engine.stats import EngineStats
 from kv_transfer.connector import Role, connector_config, engine_id_for
@@ -90,16 +90,18 @@ class EngineHost:
 
     async def generate(
         self, request: EngineRequest, *, kv_transfer_params: Mapping[str, Any] | None,
-        max_tokens: int | None = None, stream_deltas: bool = True,
+        prefill_only: bool = False,
     ) -> AsyncIterator[Any]:
-        """Run ``request`` and yield vLLM ``RequestOutput`` deltas.
+        """Run ``request`` and yield vLLM ``RequestOutput``s: deltas of the request's own
+        sampling, or, with ``prefill_only``, the one final output of a prompt pass.
 
         Cancelling the consumer (a client that went away) aborts the request in the engine:
         vLLM's ``generate`` aborts on ``CancelledError``/``GeneratorExit``.
         """
         from vllm.inputs import TokensPrompt
 
-        params = _sampling_params(request.sampling, kv_transfer_params, max_tokens, stream_deltas)
+        params = (prefill_params(kv_transfer_params) if prefill_only
+                  else decode_params(request.sampling, kv_transfer_params))
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
         # Until its first output a request's prompt is queued or being prefilled: the load
         # the prefill pool's router balances on (cluster.engine.routing_stats).
@@ -150,28 +152,36 @@ class EngineHost:
         self._engine.shutdown()
 
 
-def _sampling_params(
-    spec: SamplingSpec,
-    kv_transfer_params: Mapping[str, Any] | None,
-    max_tokens: int | None,
-    stream_deltas: bool,
-):
+def prefill_params(kv_transfer_params: Mapping[str, Any] | None):
+    """A prompt pass for a remote decode engine: one discarded token, none of the request's
+    sampling (n, logprobs, grammars, penalties are the decode engine's business)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    extra_args = {"kv_transfer_params": dict(kv_transfer_params)} if kv_transfer_params else None
     return SamplingParams(
-        max_tokens=spec.max_tokens if max_tokens is None else max_tokens,
-        temperature=spec.temperature,
-        top_p=spec.top_p,
-        seed=spec.seed,
-        stop=list(spec.stop) or None,
-        presence_penalty=spec.presence_penalty,
-        frequency_penalty=spec.frequency_penalty,
-        ignore_eos=spec.ignore_eos,
-        output_kind=RequestOutputKind.DELTA if stream_deltas else RequestOutputKind.FINAL_ONLY,
-        extra_args=extra_args,
+        max_tokens=1, n=1, output_kind=RequestOutputKind.FINAL_ONLY,
+        extra_args=_kv_args(kv_transfer_params),
     )
+
+
+def decode_params(sampling: Any, kv_transfer_params: Mapping[str, Any] | None):
+    """The request's own sampling, streamed as deltas, pulling the KV the handle names.
+
+    Deltas whatever the client asked: the router measures every token and merges them into
+    one final answer for a unary request (``RequestOutput.add``).
+    """
+    from vllm.sampling_params import RequestOutputKind
+
+    params = sampling.clone()
+    params.output_kind = RequestOutputKind.DELTA
+    kv_args = _kv_args(kv_transfer_params)
+    if kv_args:
+        params.extra_args = {**(params.extra_args or {}), **kv_args}
+    return params
+
+
+def _kv_args(kv_transfer_params: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    return {"kv_transfer_params": dict(kv_transfer_params)} if kv_transfer_params else None
 
 
 def _stats_logger_factory(stats: EngineStats, recorder: m.Recorder, tags: dict[str, str]):

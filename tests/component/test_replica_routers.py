@@ -17,7 +17,7 @@ from ray.serve.config import RequestRouterConfig
 from ray.serve.request_router import PendingRequest, ReplicaID
 
 from cluster.config import DecodeRoutingConfig, parse_config
-from cluster.engine.messages import EngineRequest, SamplingSpec
+from cluster.engine.messages import EngineRequest
 from cluster.engine.routing_stats import routing_stats_from
 from cluster.engine.stats import EngineStats
 from router.replica_choice import DecodePolicy, PrefillPolicy, load_from_stats
@@ -80,8 +80,13 @@ def make_router(cls, clock: Clock, **state):
     return router
 
 
+# The routers read only the prompt's token ids of a request; its sampling (vLLM's
+# SamplingParams in production) is opaque to them, so any object stands in for it.
+SAMPLING = object()
+
+
 def engine_request(request_id: str, prompt: tuple[int, ...]) -> EngineRequest:
-    return EngineRequest(request_id, prompt, SamplingSpec(max_tokens=8))
+    return EngineRequest(request_id, prompt, SAMPLING)
 
 
 def pending(request_id: str, *args, **kwargs) -> PendingRequest:

@@ -1,30 +1,58 @@
 """The prefill → decode flow (router/flow.py) with fake Serve handles.
 
 What the flow promises: the disaggregated path hands the prefill's KV handle to decode; the
-decode-local path skips prefill; a stream that stops before its last chunk (client gone,
-consumer error, decode failure) is cancelled, which aborts the request in the decode
+decode-local path skips prefill; a stream that stops before its ``finished`` output (client
+gone, consumer error, decode failure) is cancelled, which aborts the request in the decode
 engine, and a request cancelled during its prefill cancels the prefill call.
+
+The decode pool streams vLLM ``RequestOutput`` deltas; the flow reads only ``finished`` of
+them, so small stand-ins with vLLM's attribute names keep this test free of vLLM.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import pytest
 
-from cluster.engine.messages import EngineRequest, PrefillResult, SamplingSpec, TokenChunk
+from cluster.engine.messages import EngineRequest, PrefillResult
 from kv_transfer.handle import KVHandle
 from router.flow import DisaggregatedFlow, prepend
 from tests.fake_time import eventually, settled
 
-REQUEST = EngineRequest("req-1", (1, 2, 3, 4), SamplingSpec(max_tokens=3))
+# The flow passes the sampling parameters through untouched: any object stands in for them.
+REQUEST = EngineRequest("req-1", (1, 2, 3, 4), SimpleNamespace(max_tokens=3, n=1))
 KV = KVHandle(do_remote_prefill=True, remote_engine_id="prefill-0", remote_block_ids=[[7, 8]],
               remote_host="10.0.0.1", remote_port=15600)
 
 
-def chunks(n: int) -> list[TokenChunk]:
-    return [TokenChunk(f"t{i}", (i,), i + 1, 4, "length" if i == n - 1 else None)
-            for i in range(n)]
+@dataclass
+class Completion:
+    """What the flow's callers read of vLLM's ``CompletionOutput``."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    index: int = 0
+
+
+@dataclass
+class Output:
+    """A stand-in for one vLLM ``RequestOutput`` delta: ``finished`` on the last one."""
+
+    request_id: str
+    outputs: list[Completion] = field(default_factory=list)
+    finished: bool = False
+
+
+def output(i: int, last: bool = False) -> Output:
+    return Output("req-1", [Completion(f"t{i}", [i], "length" if last else None)], last)
+
+
+def outputs(n: int) -> list[Output]:
+    return [output(i, last=i == n - 1) for i in range(n)]
 
 
 class Method:
@@ -65,7 +93,7 @@ class FakePrefill:
 class FakeStream:
     """A decode replica's token stream; ``cancel`` is what aborts the request there."""
 
-    def __init__(self, items: list[TokenChunk], then: str = "end"):
+    def __init__(self, items: list[Output], then: str = "end"):
         self.items = list(items)
         self.then = then   # after the items: "end", "block" (until cancelled) or "fail"
         self.cancelled = False
@@ -74,7 +102,7 @@ class FakeStream:
     def __aiter__(self):
         return self
 
-    async def __anext__(self) -> TokenChunk:
+    async def __anext__(self) -> Output:
         if self.items:
             return self.items.pop(0)
         if self.then == "block":
@@ -117,30 +145,46 @@ def flow_with(stream: FakeStream, prefill: FakePrefill | None = None):
     return DisaggregatedFlow(prefill, decode), prefill, decode
 
 
-async def collect(flow: DisaggregatedFlow, path: str) -> list[TokenChunk]:
-    return [chunk async for chunk in flow.generate(REQUEST, path)]
+async def collect(flow: DisaggregatedFlow, path: str) -> list[Output]:
+    return [item async for item in flow.generate(REQUEST, path)]
 
 
 def test_the_disaggregated_path_hands_the_prefills_kv_handle_to_decode():
-    stream = FakeStream(chunks(3))
+    stream = FakeStream(outputs(3))
     flow, prefill, decode = flow_with(stream)
-    assert asyncio.run(collect(flow, "disaggregated")) == chunks(3)
+    assert asyncio.run(collect(flow, "disaggregated")) == outputs(3)
     assert prefill.prefill.calls == [(REQUEST,)]
     assert decode.generate.calls == [(REQUEST, KV)]
     assert not stream.cancelled        # finished: nothing to abort
 
 
 def test_the_decode_local_path_skips_prefill():
-    stream = FakeStream(chunks(2))
+    stream = FakeStream(outputs(2))
     flow, prefill, decode = flow_with(stream)
-    assert asyncio.run(collect(flow, "decode_local")) == chunks(2)
+    assert asyncio.run(collect(flow, "decode_local")) == outputs(2)
     assert prefill.prefill.calls == []
     assert decode.generate.calls == [(REQUEST, None)]
     assert not stream.cancelled
 
 
+def test_the_outputs_reach_the_caller_as_the_decode_pool_sent_them():
+    sent = outputs(3)
+    flow, _, _ = flow_with(FakeStream(list(sent)))
+    received = asyncio.run(collect(flow, "disaggregated"))
+    assert all(got is want for got, want in zip(received, sent, strict=True))
+
+
+def test_a_stream_that_ends_without_a_finished_output_is_aborted():
+    # One choice of n=2 is done ("stop"), the request is not: only ``finished`` ends it.
+    unfinished = Output("req-1", [Completion("a", [1], "stop", index=0)], finished=False)
+    stream = FakeStream([unfinished])
+    flow, _, _ = flow_with(stream)
+    assert asyncio.run(collect(flow, "decode_local")) == [unfinished]
+    assert stream.cancelled
+
+
 def test_a_prefill_that_kept_no_kv_still_decodes_without_a_handle():
-    stream = FakeStream(chunks(1))
+    stream = FakeStream(outputs(1))
     flow, _, decode = flow_with(stream, FakePrefill(PrefillResult(None, prompt_tokens=4)))
     asyncio.run(collect(flow, "disaggregated"))
     assert decode.generate.calls == [(REQUEST, None)]
@@ -148,7 +192,7 @@ def test_a_prefill_that_kept_no_kv_still_decodes_without_a_handle():
 
 @pytest.mark.parametrize("path", ["disaggregated", "decode_local"])
 def test_a_client_that_stops_reading_aborts_the_decode_request(path):
-    stream = FakeStream(chunks(3))
+    stream = FakeStream(outputs(3))
     flow, prefill, _ = flow_with(stream)
 
     async def read_one_then_leave():
@@ -157,7 +201,7 @@ def test_a_client_that_stops_reading_aborts_the_decode_request(path):
         await tokens.aclose()          # what the server does when the client disconnects
         return first
 
-    assert asyncio.run(read_one_then_leave()) == chunks(3)[0]
+    assert asyncio.run(read_one_then_leave()) == outputs(3)[0]
     assert stream.cancelled
     # the prefill side is called once at most: its blocks are freed by the decode engine's
     # connector (or their lease), not by a second call from the router
@@ -166,7 +210,7 @@ def test_a_client_that_stops_reading_aborts_the_decode_request(path):
 
 @pytest.mark.parametrize("path", ["disaggregated", "decode_local"])
 def test_a_client_cancelled_while_waiting_for_tokens_aborts_the_decode_request(path):
-    stream = FakeStream([TokenChunk("a", (1,), 1, 4)], then="block")  # unfinished, then quiet
+    stream = FakeStream([output(0)], then="block")  # unfinished, then quiet
     flow, _, _ = flow_with(stream)
 
     async def cancel_midway():
@@ -181,7 +225,7 @@ def test_a_client_cancelled_while_waiting_for_tokens_aborts_the_decode_request(p
 
 
 def test_an_error_in_the_consumer_aborts_the_decode_request():
-    stream = FakeStream(chunks(3))
+    stream = FakeStream(outputs(3))
     flow, _, _ = flow_with(stream)
 
     async def fail_while_reading():
@@ -194,7 +238,7 @@ def test_an_error_in_the_consumer_aborts_the_decode_request():
 
 
 def test_a_decode_failure_midstream_reaches_the_caller_and_aborts_the_request():
-    stream = FakeStream(chunks(3)[:1], then="fail")
+    stream = FakeStream(outputs(3)[:1], then="fail")
     flow, _, _ = flow_with(stream)
     with pytest.raises(ConnectionError):
         asyncio.run(collect(flow, "disaggregated"))
@@ -202,7 +246,7 @@ def test_a_decode_failure_midstream_reaches_the_caller_and_aborts_the_request():
 
 
 def test_cancelling_during_prefill_cancels_the_prefill_call_and_never_decodes():
-    stream = FakeStream(chunks(1))
+    stream = FakeStream(outputs(1))
     flow, prefill, decode = flow_with(stream, FakePrefill(PrefillResult(KV, 4), block=True))
 
     async def cancel_in_prefill():
@@ -226,10 +270,10 @@ def test_pool_stats_asks_one_replica_of_each_pool_through_unary_calls():
 
 def test_prepend_puts_a_taken_head_back_in_front_of_the_stream():
     async def rest():
-        for chunk in chunks(3)[1:]:
-            yield chunk
+        for item in outputs(3)[1:]:
+            yield item
 
     async def read():
-        return [chunk async for chunk in prepend(chunks(3)[0], rest())]
+        return [item async for item in prepend(outputs(3)[0], rest())]
 
-    assert asyncio.run(read()) == chunks(3)
+    assert asyncio.run(read()) == outputs(3)

@@ -1,13 +1,24 @@
-"""The router's request accounting (router/lifecycle.py) with a fake gate and observer."""
+"""The router's request accounting (router/lifecycle.py) with a fake gate and observer.
+
+What the lifecycle promises: a refusal is kept and raised, counted only once the router
+answers it (with its own status); a client gone while queued is counted cancelled and
+holds nothing; every admission ticket (one per prompt of a batch) goes back exactly once;
+each engine output's new tokens are timed; the first outcome recorded is the one counted.
+"""
+
+from __future__ import annotations
 
 import asyncio
-import json
+from dataclasses import dataclass, field
 
 import pytest
 
-from cluster.engine.messages import TokenChunk
+from cluster import metrics as m
+from router import timing_metrics
 from router.errors import APIError
 from router.lifecycle import RequestLifecycle
+from router.timing_metrics import RequestObserver
+from tests.fake_time import FakeClock
 
 
 class FakeGate:
@@ -16,77 +27,124 @@ class FakeGate:
     def __init__(self, refusal: APIError | None = None, block: bool = False):
         self.refusal = refusal
         self.block = block
-        self.out: list[object] = []
-        self.released: list[object] = []
+        self.acquired: list[tuple[int, str, int]] = []
+        self.out: list[int] = []
+        self.released: list[int] = []
 
-    async def acquire(self, cost: int, key: str = "anonymous", prompt_tokens: int = 0):
+    async def acquire(self, cost: int, key: str = "anonymous", prompt_tokens: int = 0) -> int:
+        self.acquired.append((cost, key, prompt_tokens))
         if self.block:
             await asyncio.Event().wait()  # queued until cancelled
         if self.refusal is not None:
             raise self.refusal
-        ticket = object()
+        ticket = len(self.out) + 1
         self.out.append(ticket)
         return ticket
 
-    def release(self, ticket) -> None:
+    def release(self, ticket: int) -> None:
         self.released.append(ticket)
 
 
 class FakeObserver:
     def __init__(self):
+        self.routes: list[tuple[str, int]] = []
         self.dispatched_count = 0
-        self.chunks = 0
+        self.token_counts: list[int] = []
         self.outcomes: list[str] = []
 
-    def dispatched(self):
+    def routed(self, path: str, prompt_tokens: int) -> None:
+        self.routes.append((path, prompt_tokens))
+
+    def dispatched(self) -> None:
         self.dispatched_count += 1
 
-    def chunk(self, chunk):
-        self.chunks += 1
+    def tokens(self, count: int) -> None:
+        self.token_counts.append(count)
 
-    def finish(self, outcome):
+    def finish(self, outcome: str) -> None:
         self.outcomes.append(outcome)  # the real observer counts only the first
 
 
-class Stream:
-    """An engine stream of ``n`` chunks that remembers whether it was closed."""
+class FakeRecorder:
+    """Stands in for the router's metrics recorder (the real one creates Ray metrics)."""
 
-    def __init__(self, n: int, fail_after: int | None = None):
-        self.n, self.fail_after, self.closed = n, fail_after, False
+    def __init__(self):
+        self.counted: list[tuple[str, dict, float]] = []
+        self.observed: list[tuple[str, dict, float]] = []
 
-    def __aiter__(self):
-        return self._chunks()
+    def inc(self, spec, tags, value=1.0):
+        self.counted.append((spec.name, dict(tags), value))
 
-    async def _chunks(self):
-        for i in range(self.n):
-            if i == self.fail_after:
-                raise APIError(503, "engine gone", "server_error")
-            yield TokenChunk(f"t{i}", (i,), i + 1, 3, "stop" if i == self.n - 1 else None)
+    def observe(self, spec, tags, value):
+        self.observed.append((spec.name, dict(tags), value))
 
-    async def aclose(self):
-        self.closed = True
+    def requests(self) -> list[dict]:
+        return [tags for name, tags, _ in self.counted if name == m.REQUESTS.name]
 
 
-def lifecycle(gate=None):
-    observer = FakeObserver()
-    return RequestLifecycle(gate or FakeGate(), "req-1", observer), observer
+@dataclass
+class Choice:
+    """What the lifecycle reads of vLLM's ``CompletionOutput``: its new token ids."""
+
+    token_ids: list[int]
+    index: int = 0
+
+
+@dataclass
+class Output:
+    """What the lifecycle reads of a vLLM ``RequestOutput`` delta: its choices."""
+
+    outputs: list[Choice] = field(default_factory=list)
+    finished: bool = False
+
+
+REFUSAL = APIError(429, "full", "overloaded_error", code="queue_full",
+                   headers={"Retry-After": "1"})
+
+
+def lifecycle(gate=None, observer=None):
+    observer = observer or FakeObserver()
+    return RequestLifecycle(gate or FakeGate(), "cmpl-req1", observer, "client-a"), observer
 
 
 def run(coroutine):
     return asyncio.run(coroutine)
 
 
-def test_a_refusal_is_the_response_and_is_counted_once():
-    gate = FakeGate(refusal=APIError(429, "full", "rate_limit_error", code="queue_full",
-                                     headers={"Retry-After": "1"}))
+def test_admission_asks_the_gate_for_the_cost_in_the_clients_queue_and_times_dispatch():
+    gate = FakeGate()
     cycle, observer = lifecycle(gate)
-    response = run(cycle.admit(100, "k", 10))
-    assert response.status_code == 429
-    assert response.headers["retry-after"] == "1"
-    assert response.headers["x-request-id"] == "req-1"
-    assert json.loads(response.body)["error"]["code"] == "queue_full"
-    assert observer.outcomes == ["rejected"] and observer.dispatched_count == 0
-    assert gate.out == []
+    ticket = run(cycle.admit(100, 10, "disaggregated"))
+    assert ticket == 1 and gate.acquired == [(100, "client-a", 10)]
+    assert observer.routes == [("disaggregated", 10)] and observer.dispatched_count == 1
+    assert observer.outcomes == [] and cycle.failure is None
+
+
+def test_a_refusal_is_kept_and_raised_and_counted_nowhere_until_the_router_answers():
+    gate = FakeGate(refusal=REFUSAL)
+    cycle, observer = lifecycle(gate)
+    with pytest.raises(APIError) as raised:
+        run(cycle.admit(100, 10, "decode_local"))
+    assert raised.value is REFUSAL and cycle.failure is REFUSAL
+    assert observer.outcomes == [] and observer.dispatched_count == 0
+    assert observer.routes == [("decode_local", 10)]  # the refusal is counted on its path
+    assert gate.out == [] and gate.released == []
+    cycle.finish("rejected")                           # the router answers the 429
+    assert observer.outcomes == ["rejected"]
+
+
+def test_a_refusal_reaches_the_metrics_once_with_the_routers_outcome(monkeypatch):
+    recorder = FakeRecorder()
+    monkeypatch.setattr(timing_metrics, "RECORDER", recorder)
+    observer = RequestObserver("chat", "v1", arrival=0.0, clock=FakeClock())
+    cycle, _ = lifecycle(FakeGate(refusal=REFUSAL), observer)
+    with pytest.raises(APIError):
+        run(cycle.admit(100, 10, "decode_local"))
+    assert recorder.counted == []                  # not counted by the refusal itself
+    cycle.finish(m.outcome_for_status(REFUSAL.status))
+    cycle.finish("cancelled")                      # e.g. the stream's own end: ignored
+    assert recorder.requests() == [{"model": "chat", "version": "v1",
+                                     "path": "decode_local", "outcome": "rejected"}]
 
 
 def test_a_client_gone_while_queued_is_counted_cancelled_and_holds_nothing():
@@ -94,80 +152,110 @@ def test_a_client_gone_while_queued_is_counted_cancelled_and_holds_nothing():
     cycle, observer = lifecycle(gate)
 
     async def scenario():
-        waiter = asyncio.ensure_future(cycle.admit(100, "k", 10))
+        waiter = asyncio.ensure_future(cycle.admit(100, 10, "disaggregated"))
         await asyncio.sleep(0)  # let it reach the gate
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiter
 
     run(scenario())
-    assert observer.outcomes == ["cancelled"] and gate.out == []
+    assert observer.outcomes == ["cancelled"] and observer.dispatched_count == 0
+    assert gate.out == [] and cycle.failure is None  # a cancellation is not a failure
 
 
-def test_a_stream_read_to_its_end_times_every_chunk_and_gives_the_ticket_back_once():
-    gate = FakeGate()
-    cycle, observer = lifecycle(gate)
-    inner = Stream(3)
-
-    async def scenario():
-        assert await cycle.admit(100, "k", 10) is None
-        chunks = cycle.observed(inner)
-        texts = [chunk.text async for chunk in chunks]
-        await chunks.aclose()  # closing again is harmless
-        return texts
-
-    assert run(scenario()) == ["t0", "t1", "t2"]
-    assert observer.dispatched_count == 1 and observer.chunks == 3
-    assert gate.released == gate.out and len(gate.out) == 1
-    assert inner.closed
-
-
-def test_a_stream_closed_early_gives_the_ticket_back_and_closes_the_engine_stream():
+def test_a_ticket_goes_back_once_however_often_it_is_released():
     gate = FakeGate()
     cycle, _ = lifecycle(gate)
-    inner = Stream(5)
-
-    async def scenario():
-        await cycle.admit(100, "k", 10)
-        chunks = cycle.observed(inner)
-        await anext(chunks)
-        await chunks.aclose()
-
-    run(scenario())
-    assert gate.released == gate.out and inner.closed
+    ticket = run(cycle.admit(100, 10, "disaggregated"))
+    cycle.release(ticket)
+    cycle.release(ticket)  # a second release (e.g. an error path after the normal one)
+    assert gate.released == [ticket]
 
 
-def test_a_failure_before_the_first_token_is_an_error_response_counted_once():
+def test_a_ticket_this_request_does_not_hold_is_not_released():
+    gate = FakeGate()
+    cycle, _ = lifecycle(gate)
+    run(cycle.admit(100, 10, "disaggregated"))
+    cycle.release(99)
+    assert gate.released == []
+
+
+def test_each_prompt_of_a_batch_takes_its_own_ticket_and_gives_it_back_once():
     gate = FakeGate()
     cycle, observer = lifecycle(gate)
 
-    async def scenario():
-        await cycle.admit(100, "k", 10)
-        chunks = cycle.observed(Stream(3, fail_after=0))
-        first, failure = await cycle.attempt(anext(chunks))
-        await chunks.aclose()
-        return first, failure
+    async def two_prompts():
+        return await asyncio.gather(cycle.admit(40, 8, "decode_local"),
+                                    cycle.admit(90, 30, "disaggregated"))
 
-    first, failure = run(scenario())
-    assert first is None and failure.status_code == 503
-    assert observer.outcomes == ["rejected"]
-    assert gate.released == gate.out
+    first, second = run(two_prompts())
+    assert first != second and sorted(gate.out) == sorted([first, second])
+    assert sorted(observer.routes) == [("decode_local", 8), ("disaggregated", 30)]
+    assert observer.dispatched_count == 2
+    cycle.release(second)
+    assert gate.released == [second]      # the other prompt still holds its budget
+    cycle.release(first)
+    cycle.release(second)
+    assert gate.released == [second, first]
 
 
-def test_a_failure_mid_stream_is_reported_for_the_stream_and_counted():
+def test_the_prompts_of_a_batch_add_up_in_the_metrics(monkeypatch):
+    recorder = FakeRecorder()
+    monkeypatch.setattr(timing_metrics, "RECORDER", recorder)
+    observer = RequestObserver("m", "v1", arrival=0.0, clock=FakeClock())
+    cycle, _ = lifecycle(FakeGate(), observer)
+
+    async def two_prompts():
+        await cycle.admit(40, 8, "decode_local")
+        await cycle.admit(90, 30, "decode_local")
+
+    run(two_prompts())
+    cycle.finish("ok")
+    prompt_tokens = [value for name, _, value in recorder.counted
+                     if name == m.PROMPT_TOKENS.name]
+    assert prompt_tokens == [38]
+
+
+def test_observe_times_the_new_tokens_of_every_choice():
     cycle, observer = lifecycle()
-    error = cycle.stream_failure(APIError(503, "engine gone", "server_error"))
-    cycle.finish("cancelled")  # the stream's own finally: the first outcome stands
-    assert error.status == 503
-    assert observer.outcomes[0] == "rejected"
+    cycle.observe(Output([Choice([5, 6], 0), Choice([7], 1)]))
+    cycle.observe(Output([Choice([], 0)]))              # a delta with no new token
+    cycle.observe(Output([Choice([8], 1)], finished=True))
+    assert observer.token_counts == [3, 0, 1]
 
 
-def test_a_cancelled_step_is_counted_cancelled_and_propagates():
-    cycle, observer = lifecycle()
+def test_observe_feeds_the_request_timer_at_the_time_tokens_arrive():
+    clock = FakeClock(now=10.0)
+    observer = RequestObserver("m", "v1", arrival=10.0, clock=clock)
+    cycle, _ = lifecycle(FakeGate(), observer)
+    clock.advance(0.5)
+    run(cycle.admit(100, 10, "disaggregated"))
+    clock.advance(0.25)
+    cycle.observe(Output([Choice([1])]))
+    clock.advance(0.5)
+    cycle.observe(Output([Choice([2, 3])], finished=True))
+    timer = observer.timer
+    assert timer.queue_time == pytest.approx(0.5)
+    assert timer.ttft == pytest.approx(0.75)
+    assert timer.tokens == 3
+    assert timer.inter_token_gaps == pytest.approx([0.25, 0.25])
 
-    async def cancelled():
-        raise asyncio.CancelledError
 
-    with pytest.raises(asyncio.CancelledError):
-        run(cycle.attempt(cancelled()))
-    assert observer.outcomes == ["cancelled"]
+def test_the_first_failure_is_the_one_kept():
+    cycle, _ = lifecycle()
+    first, second = ConnectionError("decode replica died"), APIError(503, "gone", "x")
+    cycle.record_failure(first)
+    cycle.record_failure(second)
+    assert cycle.failure is first
+
+
+def test_the_first_outcome_is_the_one_counted(monkeypatch):
+    recorder = FakeRecorder()
+    monkeypatch.setattr(timing_metrics, "RECORDER", recorder)
+    observer = RequestObserver("m", "v1", arrival=0.0, clock=FakeClock())
+    cycle, _ = lifecycle(FakeGate(), observer)
+    run(cycle.admit(100, 10, "decode_local"))
+    cycle.finish("failed")
+    cycle.finish("ok")
+    cycle.finish("cancelled")
+    assert [tags["outcome"] for tags in recorder.requests()] == ["failed"]

@@ -1,0 +1,126 @@
+"""The engine vLLM's OpenAI serving classes talk to, carried out by pdserve's pools (shell).
+
+vLLM's serving layer renders and validates a request, builds its ``SamplingParams`` and
+calls ``generate``; here that call goes through pdserve instead of one local engine: the
+router's admission (now that the prompt's token count and ``max_tokens`` are known), the
+per-request choice of path (prefill pool + NIXL, or decode-local) and the decode pool's
+stream of ``RequestOutput`` deltas. Each request the router serves is registered under its
+id while vLLM's layer runs it, so ``generate`` finds its admission and metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import aclosing
+from typing import Any
+
+from cluster.engine.messages import EngineRequest
+from router.disaggregation import Route, choose_path
+from router.errors import APIError
+from router.flow import DisaggregatedFlow
+from router.lifecycle import RequestLifecycle
+from router.protocol import check_token_ids
+
+
+def request_key(request_id: str) -> str:
+    """The router's id inside vLLM's: "chatcmpl-<id>", "chatcmpl-<id>_<input index>" or
+    "cmpl-<id>-<prompt index>" (the router's ids are hex: no "-" or "_")."""
+    return request_id.split("-")[1].split("_")[0]
+
+
+class PDEngineClient:
+    """The part of vLLM's ``EngineClient`` its chat, completion and tokenization serving
+    classes use (they read these attributes and call ``generate``)."""
+
+    def __init__(self, vllm_config: Any, renderer: Any, flow: DisaggregatedFlow, *,
+                 disaggregation_threshold: int):
+        self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
+        self.renderer = renderer
+        self.input_processor = None  # beam search only; refused before it is reached
+        self.errored = False         # a pool that fails answers per request instead
+        self.dead_error = RuntimeError("the engine pools are unavailable")
+        self.flow = flow
+        self._threshold = disaggregation_threshold
+        self._vocab_size = self.model_config.get_vocab_size()
+        self._requests: dict[str, RequestLifecycle] = {}
+
+    def register(self, key: str, lifecycle: RequestLifecycle) -> None:
+        """A request vLLM's layer is about to run (a stream: until it ends)."""
+        self._requests[key] = lifecycle
+
+    def unregister(self, key: str) -> None:
+        self._requests.pop(key, None)
+
+    def check_admission(self, n: int = 1, request_id: str | None = None) -> None:
+        """vLLM asks before rendering; pdserve admits in ``generate``, token count known."""
+
+    async def notify_kv_transfer_request_rejected(self, *args: Any, **kwargs: Any) -> None:
+        """Only for requests that arrive with KV of their own, which clients cannot send."""
+
+    async def generate(self, prompt: Mapping[str, Any], sampling_params: Any, request_id: str,
+                       **_: Any) -> AsyncIterator[Any]:
+        """Admit the rendered request, run it through the pools, yield ``RequestOutput``s:
+        deltas when vLLM's layer asked for them, else one final output."""
+        lifecycle = self._requests[request_key(request_id)]
+        token_ids = list(prompt["prompt_token_ids"])
+        try:
+            check_token_ids(token_ids, self._vocab_size)
+        except APIError as error:  # a stream would carry it as a 500 event: the router answers
+            lifecycle.record_failure(error)
+            raise
+        # The most KV this request can come to hold: prompt plus every allowed token.
+        cost = len(token_ids) + sampling_params.max_tokens * sampling_params.n
+        route = self.route(token_ids, sampling_params)
+        # The prompts of one batched request run one after another: Serve gives the calls a
+        # request makes its own internal id, and two streams of one id at once lose one.
+        run = self._run(lifecycle, request_id, token_ids, sampling_params, cost, route)
+        async with lifecycle.turn, aclosing(run) as outputs:
+            async for output in outputs:
+                yield output
+
+    async def _run(self, lifecycle: RequestLifecycle, request_id: str, token_ids: list[int],
+                   sampling_params: Any, cost: int, route: Route) -> AsyncIterator[Any]:
+        from vllm.sampling_params import RequestOutputKind
+
+        ticket = await lifecycle.admit(cost, len(token_ids), route)
+        outputs = self.flow.generate(
+            EngineRequest(request_id, tuple(token_ids), sampling_params), route)
+        deltas = sampling_params.output_kind == RequestOutputKind.DELTA
+        final = None
+        try:
+            async for output in outputs:
+                lifecycle.observe(output)
+                output.prompt_token_ids = token_ids
+                if deltas:
+                    yield output
+                elif final is None:
+                    final = output
+                else:
+                    final.add(output, aggregate=True)
+            if final is not None:
+                yield final
+        except Exception as error:
+            lifecycle.record_failure(error)
+            raise
+        except BaseException:
+            # The client went away (vLLM's layer closed the stream), unless a failure of
+            # another prompt of the batch made vLLM cancel this one: that failure counts.
+            if lifecycle.failure is None:
+                lifecycle.finish("cancelled")
+            raise
+        finally:
+            lifecycle.release(ticket)
+            await outputs.aclose()
+
+    def route(self, token_ids: list[int], sampling_params: Any) -> Route:
+        """Per-request disaggregation, and the requests the prefill pool cannot serve.
+
+        ``n`` > 1: each choice on the decode engine would pull the same remote blocks,
+        which the prefill engine frees after the first pull. Prompt logprobs (and chat
+        ``echo``) make the decode engine recompute the prompt anyway. Both are prefilled
+        by the decode engine.
+        """
+        if sampling_params.n > 1 or sampling_params.prompt_logprobs is not None:
+            return "decode_local"
+        return choose_path(len(token_ids), self._threshold)

@@ -1,0 +1,138 @@
+"""vLLM's own OpenAI layer, hosted by the router for one model version (shell).
+
+The router does not write the OpenAI API itself: it runs vLLM's serving classes (request
+models, chat templates with tools and content parts, conversion to ``SamplingParams``,
+structured outputs, tool-call parsers, logprobs, ``n``, response and stream formats,
+``/tokenize`` and ``/detokenize``) over ``PDEngineClient``, which carries each rendered
+request through pdserve's admission and its prefill → KV transfer → decode flow. The
+configs are built from the same engine arguments as the version's decode engines, so
+rendering, defaults and limits are theirs.
+
+vLLM's serving classes are internal API: pinned with vLLM (pyproject.toml), and
+tests/component/test_vllm_frontend.py checks the surface pdserve uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cluster.config import PDServeConfig
+from cluster.engine.args import engine_kwargs
+from router.engine_client import PDEngineClient
+from router.flow import DisaggregatedFlow
+
+
+@dataclass
+class Frontend:
+    """vLLM's serving objects answering under one served name."""
+
+    chat: Any            # OpenAIServingChat
+    completion: Any      # OpenAIServingCompletion
+    tokenization: Any    # ServingTokenization
+
+
+@dataclass
+class VersionFrontends:
+    """One model version: its engine client and a frontend per served name routed to it."""
+
+    client: PDEngineClient
+    by_name: dict[str, Frontend]
+
+
+def build_version(config: PDServeConfig, version: str, flow: DisaggregatedFlow,
+                  served_names: list[str]) -> VersionFrontends:
+    """vLLM's configs, renderer and serving classes for ``version`` (seconds: it reads the
+    model's config and tokenizer)."""
+    from vllm.config import VllmConfig
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.renderers import renderer_from_config
+
+    args = AsyncEngineArgs(**engine_kwargs(config, "decode", None, version))
+    model_config = args.create_model_config()
+    vllm_config = VllmConfig(
+        model_config=model_config,
+        structured_outputs_config=args.create_structured_outputs_config(),
+    )
+    renderer = renderer_from_config(vllm_config)
+    client = PDEngineClient(
+        vllm_config, renderer, flow,
+        disaggregation_threshold=config.router.disaggregation_threshold_tokens,
+    )
+    checkpoint = config.versions[version]
+    return VersionFrontends(client, {
+        name: _frontend(client, name, str(checkpoint.path), checkpoint.tool_parser)
+        for name in served_names
+    })
+
+
+def _frontend(client: PDEngineClient, served_name: str, model_path: str,
+              tool_parser: str | None) -> Frontend:
+    from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
+    from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
+    from vllm.entrypoints.openai.models.protocol import BaseModelPath
+    from vllm.entrypoints.openai.models.serving import OpenAIServingModels
+    from vllm.entrypoints.serve.tokenize.serving import ServingTokenization
+    from vllm.renderers.online_renderer import OnlineRenderer
+
+    # Responses name the served name the client asked for: one registry per name.
+    models = OpenAIServingModels(client, [BaseModelPath(name=served_name,
+                                                        model_path=model_path)])
+    template = {"chat_template": None, "chat_template_content_format": "auto"}
+    tools = {"enable_auto_tools": tool_parser is not None, "tool_parser": tool_parser}
+    renderer = OnlineRenderer(client.model_config, client.renderer, request_logger=None,
+                              **template, **tools)
+    return Frontend(
+        chat=OpenAIServingChat(client, models, "assistant", online_renderer=renderer,
+                               request_logger=None, enable_prompt_tokens_details=True,
+                               **template, **tools),
+        completion=OpenAIServingCompletion(client, models, online_renderer=renderer,
+                                           request_logger=None,
+                                           enable_prompt_tokens_details=True),
+        tokenization=ServingTokenization(models, renderer, request_logger=None, **template),
+    )
+
+
+# The request model vLLM's server validates each endpoint's body with.
+_REQUEST_MODELS = {
+    "chat": "vllm.entrypoints.openai.chat_completion.protocol:ChatCompletionRequest",
+    "completion": "vllm.entrypoints.openai.completion.protocol:CompletionRequest",
+    "tokenize": "vllm.entrypoints.serve.tokenize.protocol:TokenizeRequest",
+    "detokenize": "vllm.entrypoints.serve.tokenize.protocol:DetokenizeRequest",
+}
+
+
+def parse_json_body(body: bytes) -> Any:
+    """The request body as JSON; malformed JSON is refused as FastAPI refuses it for vLLM's
+    server (a ``RequestValidationError`` of type ``json_invalid``), so the answer is vLLM's."""
+    import json
+
+    from fastapi.exceptions import RequestValidationError
+
+    try:
+        return json.loads(body)
+    except json.JSONDecodeError as error:
+        problem, position = error.msg, error.pos
+    except (UnicodeDecodeError, RecursionError) as error:  # RecursionError: deep nesting
+        problem, position = str(error) or type(error).__name__, 0
+    raise RequestValidationError([{"type": "json_invalid", "loc": ("body", position),
+                                   "msg": "JSON decode error", "input": {},
+                                   "ctx": {"error": problem}}])
+
+
+def parse_openai_request(kind: str, data: Any) -> Any:
+    """``data`` as vLLM's request model of ``kind``; FastAPI's ``RequestValidationError``
+    (answered as vLLM's server answers it) when the model refuses it. vLLM's own checks
+    inside the model (e.g. ``tool_choice`` without ``tools``) raise vLLM's errors, which
+    ``router.failures.vllm_error_response`` answers."""
+    import importlib
+
+    from fastapi.exceptions import RequestValidationError
+    from pydantic import TypeAdapter, ValidationError
+
+    module, name = _REQUEST_MODELS[kind].split(":")
+    model = getattr(importlib.import_module(module), name)
+    try:
+        return TypeAdapter(model).validate_python(data)
+    except ValidationError as error:
+        raise RequestValidationError(error.errors()) from None

@@ -1,0 +1,199 @@
+"""vLLM's OpenAI layer as the router hosts it, over a fake flow (no engine, no Ray).
+
+vLLM's serving classes are internal API: these tests pin the surface pdserve uses (their
+constructors, ``render`` → ``generate`` → response and stream, tokenization) on the tiny
+model, so a vLLM upgrade that moves it fails here, in seconds, and not on the real stack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from cluster.config import parse_config
+from cluster.tiny_model import ensure_model
+from router.errors import APIError
+from router.lifecycle import RequestLifecycle
+from router.vllm_frontend import build_version, parse_json_body, parse_openai_request
+
+pytest.importorskip("vllm")
+
+
+class FakeFlow:
+    """Answers every request with three deltas of two tokens per choice."""
+
+    def __init__(self):
+        self.requests = []
+
+    async def generate(self, request, route):
+        from vllm.outputs import CompletionOutput, RequestOutput
+
+        self.requests.append((request, route))
+        for step in range(3):
+            last = step == 2
+            choices = [CompletionOutput(index=i, text="ab", token_ids=[97, 98],
+                                        cumulative_logprob=None, logprobs=None,
+                                        finish_reason="length" if last else None)
+                       for i in range(request.sampling.n)]
+            yield RequestOutput(request.request_id, None, None, None, choices, last,
+                                num_cached_tokens=3)
+
+
+class Gate:
+    def __init__(self):
+        self.out, self.released = [], []
+
+    async def acquire(self, cost, key, prompt_tokens=0):
+        self.out.append(cost)
+        return len(self.out)
+
+    def release(self, ticket):
+        self.released.append(ticket)
+
+
+class Observer:
+    def __init__(self):
+        self.outcomes, self.tokens_seen, self.path = [], 0, None
+
+    def routed(self, path, prompt_tokens):
+        self.path = path
+
+    def dispatched(self):
+        pass
+
+    def tokens(self, count):
+        self.tokens_seen += count
+
+    def finish(self, outcome):
+        self.outcomes.append(outcome)
+
+
+@pytest.fixture(scope="module")
+def version(tmp_path_factory):
+    path = tmp_path_factory.mktemp("models") / "tiny"
+    config = parse_config({
+        "model": {"name": "tiny", "path": str(path),
+                  "generate": {"num_layers": 1, "hidden_size": 64, "num_heads": 2,
+                               "num_kv_heads": 1, "intermediate_size": 64,
+                               "max_position_embeddings": 1024}},
+        "engine": {"max_model_len": 1024, "dtype": "float32"},
+        "router": {"disaggregation_threshold_tokens": 16},
+    })
+    ensure_model(config.versions["v1"].path, config.versions["v1"].generate)
+    flow = FakeFlow()
+    return build_version(config, "v1", flow, ["tiny", "tiny-alias"]), flow
+
+
+def serve(version, kind, data):
+    frontends, _ = version
+    body = parse_openai_request(kind, data)
+    body.request_id = "k1"
+    gate, observer = Gate(), Observer()
+    lifecycle = RequestLifecycle(gate, "id", observer, "key")
+    frontends.client.register("k1", lifecycle)
+    frontend = frontends.by_name[data["model"]]
+
+    async def run():
+        result = await (frontend.chat.create_chat_completion(body) if kind == "chat"
+                        else frontend.completion.create_completion(body))
+        if hasattr(result, "__aiter__"):
+            return [event async for event in result]
+        return result
+
+    try:
+        return asyncio.run(run()), gate, observer, lifecycle
+    finally:
+        frontends.client.unregister("k1")
+
+
+def test_a_unary_chat_is_rendered_admitted_merged_and_named_as_asked(version):
+    _, flow = version
+    chat = {"model": "tiny-alias", "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 6, "n": 2, "seed": 3, "logit_bias": {"97": 5},
+            "response_format": {"type": "json_object"}}
+    response, gate, observer, _ = serve(version, "chat", chat)
+    request, route = flow.requests[-1]
+    assert response.model == "tiny-alias"
+    assert [c.message.content for c in response.choices] == ["ababab", "ababab"]
+    prompt = len(request.prompt_token_ids)
+    assert gate.out == [prompt + 6 * 2] and gate.released == [1]
+    assert route == "decode_local"  # n > 1 is prefilled by the decode engine
+    params = request.sampling
+    assert (params.n, params.seed, params.max_tokens) == (2, 3, 6)
+    assert params.logit_bias == {97: 5} and params.structured_outputs is not None
+    assert response.usage.prompt_tokens == prompt
+    assert response.usage.prompt_tokens_details.cached_tokens == 3
+    assert observer.tokens_seen == 12
+
+
+def test_a_stream_carries_vllms_deltas_and_usage(version):
+    _, flow = version
+    long_prompt = "x" * 40  # beyond the threshold of 16 tokens: through the prefill pool
+    events, *_ = serve(version, "completion", {
+        "model": "tiny", "prompt": long_prompt, "max_tokens": 6, "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    assert flow.requests[-1][1] == "disaggregated"
+    assert events[-1] == "data: [DONE]\n\n"
+    chunks = [json.loads(event[len("data: "):]) for event in events[:-1]]
+    text = "".join(choice["text"] for chunk in chunks for choice in chunk["choices"])
+    assert text == "ababab"
+    assert chunks[-1]["usage"]["completion_tokens"] == 6
+
+
+def test_a_refusal_inside_a_stream_is_kept_for_the_router_to_answer(version):
+    frontends, _ = version
+    refusal = APIError(429, "full", "overloaded_error", code="queue_full")
+
+    class Refusing(Gate):
+        async def acquire(self, cost, key, prompt_tokens=0):
+            raise refusal
+
+    body = parse_openai_request("chat", {"model": "tiny", "stream": True,
+                                         "messages": [{"role": "user", "content": "hi"}]})
+    body.request_id = "k2"
+    lifecycle = RequestLifecycle(Refusing(), "id", Observer(), "key")
+    frontends.client.register("k2", lifecycle)
+
+    async def first_event():
+        events = await frontends.by_name["tiny"].chat.create_chat_completion(body)
+        return await anext(events)
+
+    event = asyncio.run(first_event())
+    frontends.client.unregister("k2")
+    assert lifecycle.failure is refusal and "error" in event
+
+
+def test_tokenize_and_detokenize_are_vllms(version):
+    frontends, _ = version
+    tokenization = frontends.by_name["tiny"].tokenization
+    tokens = asyncio.run(tokenization.create_tokenize(
+        parse_openai_request("tokenize", {"model": "tiny", "prompt": "hi"}), None))
+    assert tokens.tokens == [104, 105] and tokens.count == 2
+    text = asyncio.run(tokenization.create_detokenize(
+        parse_openai_request("detokenize", {"model": "tiny", "tokens": [104, 105]}), None))
+    assert text.prompt == "hi"
+
+
+def test_a_body_vllm_refuses_is_a_validation_error():
+    from fastapi.exceptions import RequestValidationError
+
+    with pytest.raises(RequestValidationError):
+        parse_openai_request("chat", {"model": "tiny", "messages": "not a list"})
+
+
+@pytest.mark.parametrize("body", [b"{not json", b"\xff\xfe", b"", b'{"model": "m"',
+                                  b"[" * 100_000 + b"]" * 100_000])
+def test_a_body_that_is_not_json_is_refused_as_fastapi_refuses_it_for_vllm(body):
+    from fastapi.exceptions import RequestValidationError
+
+    with pytest.raises(RequestValidationError) as raised:
+        parse_json_body(body)
+    (problem,) = raised.value.errors()
+    assert problem["type"] == "json_invalid" and problem["loc"][0] == "body"
+
+
+def test_a_json_body_comes_back_as_it_is():
+    assert parse_json_body(b'{"model": "m", "unknown": [1]}') == {"model": "m", "unknown": [1]}
+    assert parse_json_body(b"[1]") == [1]  # not an object: vLLM's request model refuses it
