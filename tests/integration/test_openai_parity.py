@@ -42,7 +42,8 @@ import pytest
 
 from cluster import processes
 from cluster.engine.args import baseline_flags
-from tests.integration.conftest import CONFIG, MODEL
+from router.protocol import NOT_HONOURED
+from tests.integration.conftest import CONFIG, MODEL, REPO
 from tests.integration.openai_http import AUTH
 
 pytestmark = pytest.mark.integration
@@ -669,6 +670,25 @@ def test_the_catalogue_covers_the_fields_and_is_reproducible():
             assert (body.get("max_tokens") or body.get("max_completion_tokens")) <= limit, \
                 case.id
     assert {case.path for case in CATALOGUE} >= {CHAT, COMPLETIONS, TOKENIZE, DETOKENIZE}
+
+
+def readme_api_section() -> str:
+    readme = (REPO / "README.md").read_text()
+    return readme[readme.index("## The API"):readme.index("## Router policies")]
+
+
+def test_the_readme_lists_what_the_catalogue_proves_and_what_pdserve_refuses():
+    """The README's API section is checked against the code: every field the catalogue
+    proves answered like vLLM's is listed, and every field pdserve refuses is named."""
+    section = readme_api_section()
+    named = set(re.findall(r"`([a-z_]+)`", section))
+    assert named >= REQUIRED_FIELDS, f"not in the README: {REQUIRED_FIELDS - named}"
+    refused = set(NOT_HONOURED)
+    assert named >= refused, f"refused but not named: {refused - named}"
+    sent = {key for case in CATALOGUE if isinstance(case.body, dict) for key in case.body}
+    assert not refused & sent - {"priority"}, "the catalogue sends a field pdserve refuses"
+    for endpoint in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"):
+        assert endpoint in section
 
 
 def test_the_comparison_tells_answers_apart():
