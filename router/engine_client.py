@@ -61,7 +61,8 @@ class PDEngineClient:
     async def generate(self, prompt: Mapping[str, Any], sampling_params: Any, request_id: str,
                        **_: Any) -> AsyncIterator[Any]:
         """Admit the rendered request, run it through the pools, yield ``RequestOutput``s:
-        deltas when vLLM's layer asked for them, else one final output."""
+        deltas when vLLM's layer asked for them, else one final output (the decode engine
+        sends it whole; several pieces, should it send them, are merged)."""
         lifecycle = self._requests[request_key(request_id)]
         token_ids = list(prompt["prompt_token_ids"])
         try:

@@ -14,6 +14,7 @@ tests/component/test_vllm_frontend.py checks the surface pdserve uses.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,19 +121,26 @@ def parse_json_body(body: bytes) -> Any:
                                    "ctx": {"error": problem}}])
 
 
+@functools.cache
+def _adapter(kind: str) -> Any:
+    """vLLM's request model of ``kind`` as a validator, built once (it is a large schema)."""
+    import importlib
+
+    from pydantic import TypeAdapter
+
+    module, name = _REQUEST_MODELS[kind].split(":")
+    return TypeAdapter(getattr(importlib.import_module(module), name))
+
+
 def parse_openai_request(kind: str, data: Any) -> Any:
     """``data`` as vLLM's request model of ``kind``; FastAPI's ``RequestValidationError``
     (answered as vLLM's server answers it) when the model refuses it. vLLM's own checks
     inside the model (e.g. ``tool_choice`` without ``tools``) raise vLLM's errors, which
     ``router.failures.vllm_error_response`` answers."""
-    import importlib
-
     from fastapi.exceptions import RequestValidationError
-    from pydantic import TypeAdapter, ValidationError
+    from pydantic import ValidationError
 
-    module, name = _REQUEST_MODELS[kind].split(":")
-    model = getattr(importlib.import_module(module), name)
     try:
-        return TypeAdapter(model).validate_python(data)
+        return _adapter(kind).validate_python(data)
     except ValidationError as error:
         raise RequestValidationError(error.errors()) from None

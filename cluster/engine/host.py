@@ -165,15 +165,12 @@ def prefill_params(kv_transfer_params: Mapping[str, Any] | None):
 
 
 def decode_params(sampling: Any, kv_transfer_params: Mapping[str, Any] | None):
-    """The request's own sampling, streamed as deltas, pulling the KV the handle names.
+    """The request's own sampling, pulling the KV the handle names.
 
-    Deltas whatever the client asked: the router measures every token and merges them into
-    one final answer for a unary request (``RequestOutput.add``).
+    Its output kind stays what vLLM's OpenAI layer chose: deltas for a stream, one final
+    output for a unary request (one Ray item instead of one per token through the router).
     """
-    from vllm.sampling_params import RequestOutputKind
-
     params = sampling.clone()
-    params.output_kind = RequestOutputKind.DELTA
     kv_args = _kv_args(kv_transfer_params)
     if kv_args:
         params.extra_args = {**(params.extra_args or {}), **kv_args}
