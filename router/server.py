@@ -135,6 +135,13 @@ class Router:
         self._random = random.Random()
         self._created = int(time.time())
         self._replica: str | None = None
+        # vLLM, torch and transformers leave a large heap of objects that live as long as
+        # the replica; a full collection over it stalls the event loop for seconds on a
+        # busy core (refusals fired late, requests waited). Frozen, GC skips them, as
+        # vLLM's engine does after its start.
+        from vllm.utils.gc_utils import freeze_gc_heap
+
+        freeze_gc_heap()
 
     # ---- endpoints -------------------------------------------------------------------
 
