@@ -96,6 +96,11 @@ class Checkpoint(StrictModel):
         "requests with tools need one (tool_choice 'auto', 'required' or a named function; "
         "without a parser vLLM answers them 400)",
     )
+    reasoning_parser: str | None = Field(
+        None, description="vLLM's reasoning parser for this model (e.g. deepseek_r1, qwen3): "
+        "chat answers carry the model's reasoning apart from its content, and structured "
+        "outputs constrain only what follows the reasoning",
+    )
 
     @field_validator("path")
     @classmethod

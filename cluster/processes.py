@@ -121,7 +121,7 @@ def frontend_flags(config: PDServeConfig) -> list[str]:
     parser = config.versions[config.model.version].tool_parser
     if parser is not None:
         flags += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
-    return flags
+    return flags  # the reasoning parser is an engine argument: in the baseline's flags
 
 
 def start_vllm_server(config: PDServeConfig, port: int, log_dir: Path, cwd: Path, *,

@@ -23,6 +23,12 @@ from cluster.config import TinyModelSpec
 # Special tokens come after the 256 byte tokens.
 SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|pad|>"]
 BOS, EOS, PAD = SPECIAL_TOKENS
+# Reasoning delimiters as DeepSeek-R1 and Qwen3 write them: ordinary added tokens (they stay
+# in the decoded text), so vLLM's reasoning parsers (e.g. deepseek_r1) work on this model.
+THINK_TOKENS = ["<think>", "</think>"]
+
+# Bumped when the generated files change for one spec, so that cached models regenerate.
+GENERATOR_FORMAT = 2
 
 # Roles are written as plain text, so the template adds only byte tokens plus EOS per turn.
 CHAT_TEMPLATE = (
@@ -49,6 +55,7 @@ def _byte_level_tokenizer():
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
     backend.add_special_tokens(SPECIAL_TOKENS)
+    backend.add_tokens(THINK_TOKENS)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         bos_token=BOS,
@@ -81,7 +88,9 @@ def build_tiny_model(path: Path, spec: TinyModelSpec) -> None:
 
     tokenizer = _byte_level_tokenizer()
     config = LlamaConfig(
-        vocab_size=len(tokenizer),
+        # The reasoning tokens' rows are added after the seeded initialisation, so the
+        # other weights are those the model had before it had them.
+        vocab_size=len(tokenizer) - len(THINK_TOKENS),
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_layers,
@@ -100,6 +109,7 @@ def build_tiny_model(path: Path, spec: TinyModelSpec) -> None:
     )
     torch.manual_seed(spec.seed)
     model = LlamaForCausalLM(config)
+    model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
     _prefer_printable_output(model, tokenizer.eos_token_id)
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -107,7 +117,7 @@ def build_tiny_model(path: Path, spec: TinyModelSpec) -> None:
     try:
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
-        (staging / MARKER_FILE).write_text(json.dumps(spec.model_dump(), indent=2))
+        (staging / MARKER_FILE).write_text(json.dumps(_marker(spec), indent=2))
         _replace_directory(staging, path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -151,6 +161,11 @@ def is_complete(path: Path) -> bool:
     return (path / MARKER_FILE).is_file() and (path / "config.json").is_file()
 
 
+def _marker(spec: TinyModelSpec) -> dict:
+    """What the marker file of a model generated from ``spec`` by this code says."""
+    return {**spec.model_dump(), "generator_format": GENERATOR_FORMAT}
+
+
 def _generated_spec(path: Path) -> dict | None:
     try:
         return json.loads((path / MARKER_FILE).read_text())
@@ -171,7 +186,7 @@ def ensure_model(path: Path, spec: TinyModelSpec | None) -> Path:
             f"model directory {path} does not exist (set model.generate to build a tiny "
             "local model, or point model.path at a Hugging Face model directory)"
         )
-    if is_complete(path) and _generated_spec(path) == spec.model_dump():
+    if is_complete(path) and _generated_spec(path) == _marker(spec):
         return path
     if path.exists() and not is_complete(path) and (path / "config.json").is_file():
         raise FileExistsError(

@@ -59,6 +59,8 @@ class PDEngineClient:
         """Only for requests that arrive with KV of their own, which clients cannot send."""
 
     async def generate(self, prompt: Mapping[str, Any], sampling_params: Any, request_id: str,
+                       *, reasoning_ended: bool | None = None,
+                       reasoning_parser_kwargs: dict[str, Any] | None = None,
                        **_: Any) -> AsyncIterator[Any]:
         """Admit the rendered request, run it through the pools, yield ``RequestOutput``s:
         deltas when vLLM's layer asked for them, else one final output (the decode engine
@@ -75,19 +77,21 @@ class PDEngineClient:
         route = self.route(token_ids, sampling_params)
         # The prompts of one batched request run one after another: Serve gives the calls a
         # request makes its own internal id, and two streams of one id at once lose one.
-        run = self._run(lifecycle, request_id, token_ids, sampling_params, cost, route)
+        request = EngineRequest(request_id, tuple(token_ids), sampling_params,
+                                reasoning_ended, reasoning_parser_kwargs)
+        run = self._run(lifecycle, request, cost, route)
         async with lifecycle.turn, aclosing(run) as outputs:
             async for output in outputs:
                 yield output
 
-    async def _run(self, lifecycle: RequestLifecycle, request_id: str, token_ids: list[int],
-                   sampling_params: Any, cost: int, route: Route) -> AsyncIterator[Any]:
+    async def _run(self, lifecycle: RequestLifecycle, request: EngineRequest, cost: int,
+                   route: Route) -> AsyncIterator[Any]:
         from vllm.sampling_params import RequestOutputKind
 
+        token_ids = list(request.prompt_token_ids)
         ticket = await lifecycle.admit(cost, len(token_ids), route)
-        outputs = self.flow.generate(
-            EngineRequest(request_id, tuple(token_ids), sampling_params), route)
-        deltas = sampling_params.output_kind == RequestOutputKind.DELTA
+        outputs = self.flow.generate(request, route)
+        deltas = request.sampling.output_kind == RequestOutputKind.DELTA
         final = None
         try:
             async for output in outputs:

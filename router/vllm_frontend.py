@@ -2,7 +2,7 @@
 
 The router does not write the OpenAI API itself: it runs vLLM's serving classes (request
 models, chat templates with tools and content parts, conversion to ``SamplingParams``,
-structured outputs, tool-call parsers, logprobs, ``n``, response and stream formats,
+structured outputs, tool-call and reasoning parsers, logprobs, ``n``, response and stream formats,
 ``/tokenize`` and ``/detokenize``) over ``PDEngineClient``, which carries each rendered
 request through pdserve's admission and its prefill → KV transfer → decode flow. The
 configs are built from the same engine arguments as the version's decode engines, so
@@ -62,13 +62,14 @@ def build_version(config: PDServeConfig, version: str, flow: DisaggregatedFlow,
     )
     checkpoint = config.versions[version]
     return VersionFrontends(client, {
-        name: _frontend(client, name, str(checkpoint.path), checkpoint.tool_parser)
+        name: _frontend(client, name, str(checkpoint.path), checkpoint.tool_parser,
+                        checkpoint.reasoning_parser)
         for name in served_names
     })
 
 
 def _frontend(client: PDEngineClient, served_name: str, model_path: str,
-              tool_parser: str | None) -> Frontend:
+              tool_parser: str | None, reasoning_parser: str | None) -> Frontend:
     from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
     from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
     from vllm.entrypoints.openai.models.protocol import BaseModelPath
@@ -82,11 +83,11 @@ def _frontend(client: PDEngineClient, served_name: str, model_path: str,
     template = {"chat_template": None, "chat_template_content_format": "auto"}
     tools = {"enable_auto_tools": tool_parser is not None, "tool_parser": tool_parser}
     renderer = OnlineRenderer(client.model_config, client.renderer, request_logger=None,
-                              **template, **tools)
+                              reasoning_parser=reasoning_parser, **template, **tools)
     return Frontend(
         chat=OpenAIServingChat(client, models, "assistant", online_renderer=renderer,
                                request_logger=None, enable_prompt_tokens_details=True,
-                               **template, **tools),
+                               reasoning_parser=reasoning_parser or "", **template, **tools),
         completion=OpenAIServingCompletion(client, models, online_renderer=renderer,
                                            request_logger=None,
                                            enable_prompt_tokens_details=True),

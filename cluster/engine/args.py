@@ -53,6 +53,9 @@ def engine_kwargs(
     if step_cap is not None:
         kwargs["max_num_batched_tokens"] = step_cap
         kwargs["enable_chunked_prefill"] = True
+    reasoning_parser = config.versions[version].reasoning_parser
+    if reasoning_parser is not None:  # structured outputs start where reasoning ends
+        kwargs["reasoning_parser"] = reasoning_parser
     if kv_transfer_config is not None:
         kwargs["kv_transfer_config"] = kv_transfer_config
     kwargs.update(engine.extra)

@@ -103,6 +103,11 @@ class EngineHost:
         params = (prefill_params(kv_transfer_params) if prefill_only
                   else decode_params(request.sampling, kv_transfer_params))
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        # Only the engine that samples the answer applies structured outputs after reasoning.
+        reasoning = {} if prefill_only else {
+            "reasoning_ended": request.reasoning_ended,
+            "reasoning_parser_kwargs": request.reasoning_parser_kwargs,
+        }
         # Until its first output a request's prompt is queued or being prefilled: the load
         # the prefill pool's router balances on (cluster.engine.routing_stats).
         prompt_tokens = len(request.prompt_token_ids)
@@ -110,7 +115,8 @@ class EngineHost:
         queued = True
         last = time.monotonic()
         try:
-            async for output in self._engine.generate(prompt, params, request.request_id):
+            async for output in self._engine.generate(prompt, params, request.request_id,
+                                                      **reasoning):
                 now = time.monotonic()
                 if queued:
                     self.stats.queued_prefill_tokens -= prompt_tokens

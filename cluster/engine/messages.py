@@ -23,6 +23,11 @@ class EngineRequest:
     # field the API accepts: n, logprobs, structured outputs, logit_bias, ...). Opaque
     # here; the decode engine samples with them, the prefill engine with lean ones.
     sampling: Any
+    # With a reasoning parser (the version's): whether the reasoning already ended in the
+    # prompt (structured outputs then constrain from the first token; None: the engine
+    # checks the prompt itself) and the parser's arguments, as vLLM's chat layer set them.
+    reasoning_ended: bool | None = None
+    reasoning_parser_kwargs: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -22,18 +22,18 @@ pytest.importorskip("vllm")
 
 
 class FakeFlow:
-    """Answers every request with three deltas of two tokens per choice."""
+    """Answers every request with the same deltas per choice (default: three of "ab")."""
 
-    def __init__(self):
-        self.requests = []
+    def __init__(self, deltas=(("ab", [97, 98]),) * 3):
+        self.requests, self.deltas = [], deltas
 
     async def generate(self, request, route):
         from vllm.outputs import CompletionOutput, RequestOutput
 
         self.requests.append((request, route))
-        for step in range(3):
-            last = step == 2
-            choices = [CompletionOutput(index=i, text="ab", token_ids=[97, 98],
+        for step, (text, token_ids) in enumerate(self.deltas):
+            last = step == len(self.deltas) - 1
+            choices = [CompletionOutput(index=i, text=text, token_ids=list(token_ids),
                                         cumulative_logprob=None, logprobs=None,
                                         finish_reason="length" if last else None)
                        for i in range(request.sampling.n)]
@@ -70,20 +70,35 @@ class Observer:
         self.outcomes.append(outcome)
 
 
-@pytest.fixture(scope="module")
-def version(tmp_path_factory):
-    path = tmp_path_factory.mktemp("models") / "tiny"
+def build(path, flow, **model):
     config = parse_config({
         "model": {"name": "tiny", "path": str(path),
                   "generate": {"num_layers": 1, "hidden_size": 64, "num_heads": 2,
                                "num_kv_heads": 1, "intermediate_size": 64,
-                               "max_position_embeddings": 1024}},
+                               "max_position_embeddings": 1024}, **model},
         "engine": {"max_model_len": 1024, "dtype": "float32"},
         "router": {"disaggregation_threshold_tokens": 16},
     })
     ensure_model(config.versions["v1"].path, config.versions["v1"].generate)
-    flow = FakeFlow()
     return build_version(config, "v1", flow, ["tiny", "tiny-alias"]), flow
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("models") / "tiny"
+
+
+@pytest.fixture(scope="module")
+def version(model_dir):
+    return build(model_dir, FakeFlow())
+
+
+@pytest.fixture(scope="module")
+def reasoning_version(model_dir):
+    """The model with vLLM's deepseek_r1 parser: it answers "hm</think>ok"."""
+    return build(model_dir, FakeFlow((("hm", [104, 109]), ("</think>", [260]),
+                                      ("ok", [111, 107]))),
+                 reasoning_parser="deepseek_r1")
 
 
 def serve(version, kind, data):
@@ -163,6 +178,37 @@ def test_a_refusal_inside_a_stream_is_kept_for_the_router_to_answer(version):
     event = asyncio.run(first_event())
     frontends.client.unregister("k2")
     assert lifecycle.failure is refusal and "error" in event
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_reasoning_parser_separates_reasoning_and_tells_the_engine(reasoning_version,
+                                                                      stream):
+    _, flow = reasoning_version
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4, "stream": stream}
+    answer, *_ = serve(reasoning_version, "chat", chat)
+    if stream:
+        deltas = [json.loads(event[len("data: "):])["choices"][0]["delta"]
+                  for event in answer[:-1]]
+        reasoning = "".join(delta.get("reasoning") or "" for delta in deltas)
+        content = "".join(delta.get("content") or "" for delta in deltas)
+    else:
+        reasoning, content = answer.choices[0].message.reasoning, answer.choices[0].message.content
+    assert (reasoning, content) == ("hm", "ok")
+    request, _ = flow.requests[-1]
+    # The prompt has no "</think>": the engine is told reasoning has not ended, so it
+    # holds structured outputs back until it does.
+    assert request.reasoning_ended is False
+    assert request.reasoning_parser_kwargs is not None
+
+
+def test_without_reasoning_included_structured_outputs_start_at_once(reasoning_version):
+    _, flow = reasoning_version
+    serve(reasoning_version, "chat", {
+        "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+        "include_reasoning": False, "response_format": {"type": "json_object"}})
+    request, _ = flow.requests[-1]
+    assert request.reasoning_ended is True and request.sampling.structured_outputs
 
 
 def test_tokenize_and_detokenize_are_vllms(version):
