@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -122,10 +123,23 @@ def _deploy(config: PDServeConfig) -> int:
     return 0
 
 
-def _up(config: PDServeConfig) -> int:
-    if _model(config) != 0:
+def _keys_present(config: PDServeConfig) -> int:
+    """A local cluster's workers inherit this environment: refuse a key variable the
+    config names that holds no key now, rather than when the router starts."""
+    from router.auth import AuthMisconfigured, configured_keys
+
+    try:
+        configured_keys(config.router.auth, os.environ)
+    except AuthMisconfigured as error:
+        print(f"pdserve: {error}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _up(config: PDServeConfig) -> int:
     local = config.ray.address is None
+    if (local and _keys_present(config) != 0) or _model(config) != 0:
+        return 2
     from cluster.processes import port_is_free
 
     if local and not port_is_free(config.router.host, config.router.port):

@@ -213,6 +213,11 @@ class KVTransferConfig(StrictModel):
 
     connector: Literal["NixlConnector"] = "NixlConnector"
     buffer_device: Literal["cpu", "cuda"] = "cpu"
+    load_failure_policy: Literal["recompute", "fail"] = Field(
+        "recompute", description="a decode engine whose KV pull fails computes the prompt "
+        "itself (recompute) instead of ending the request with finish_reason 'error' "
+        "(vLLM's kv_load_failure_policy, whose own default is fail)",
+    )
     side_channel_base_port: int = Field(
         15600, ge=1024, le=65000, description="first NIXL side-channel port on each node"
     )
@@ -238,6 +243,10 @@ class KVTransferConfig(StrictModel):
     )
 
 
+# An unset max_queue_per_key gives each key this fraction of the queue.
+DEFAULT_KEY_QUEUE_DIVISOR = 4
+
+
 class AdmissionConfig(StrictModel):
     """Admission control of one router replica (see router/admission.py)."""
 
@@ -246,7 +255,9 @@ class AdmissionConfig(StrictModel):
     )
     max_queue: int = Field(256, ge=0, description="requests allowed to wait; beyond: 429")
     max_queue_per_key: int | None = Field(
-        None, ge=0, description="one API key's (or user's) share of the queue; None: all"
+        None, ge=0, description="one API key's (or user's) share of the queue; unset: a "
+        "quarter of max_queue, so one client cannot fill it; null: all of it (one key "
+        "calling for many users)",
     )
     max_wait_s: float = Field(30, gt=0, description="longest wait before 503")
     retry_after_s: int = Field(1, ge=1, description="Retry-After of 429 and 503 answers")
@@ -257,15 +268,33 @@ class AdmissionConfig(StrictModel):
         0.5, gt=0, le=1, description="share of token_budget the long lane may hold at once"
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_key_share(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "max_queue_per_key" not in data:
+            max_queue = data.get("max_queue", cls.model_fields["max_queue"].default)
+            if isinstance(max_queue, int):  # anything else is refused by the field itself
+                data = {**data, "max_queue_per_key": max(
+                    1, max_queue // DEFAULT_KEY_QUEUE_DIVISOR)}
+        return data
+
 
 class AuthConfig(StrictModel):
-    """Optional API-key authentication: on when any key is configured."""
+    """Optional API-key authentication: on when any key is configured (router/auth.py)."""
 
     api_keys: list[SecretStr] = Field(
         default_factory=list, description="accepted keys (prefer api_keys_env in production)"
     )
     api_keys_env: str | None = Field(
-        "PDSERVE_API_KEYS", description="env var with further comma-separated accepted keys"
+        None, description="env var with further comma-separated accepted keys; named, it "
+        "must hold one (the router refuses to start otherwise: auth fails closed)"
+    )
+    admin_keys: list[SecretStr] = Field(
+        default_factory=list, description="keys for /admin/* (client keys never open it)"
+    )
+    admin_keys_env: str | None = Field(
+        None, description="env var with further comma-separated admin keys; named, it must "
+        "hold one"
     )
 
 
@@ -346,6 +375,49 @@ class RoutingConfig(StrictModel):
     decode: DecodeRoutingConfig = DecodeRoutingConfig()
 
 
+class RequestLimits(StrictModel):
+    """What one request may be (router/limits.py): refused with 413 or 400 before any
+    tokenizer or engine pays for it."""
+
+    max_body_bytes: int = Field(
+        2 * 1024 * 1024, ge=1024, description="request bodies above this get 413 (2 MiB: "
+        "an 8K-token prompt is ~32 KB of text, 200 KB even as JSON \\u escapes)",
+    )
+    max_stop_chars: int = Field(
+        256, ge=1, description="longest stop string (each is matched at every decode step)"
+    )
+    max_user_chars: int = Field(
+        256, ge=1, description="longest `user` field (a queue and sticky-version key)"
+    )
+
+
+class RetryConfig(StrictModel):
+    """Retries after a replica or engine failure (router/retry.py)."""
+
+    prefill_attempts: int = Field(
+        2, ge=1, description="prefill tries on prefill replicas; after them the decode "
+        "engine prefills the prompt itself")
+    decode_attempts: int = Field(
+        2, ge=1, description="decode runs started for a request before its first token")
+    max_migrations: int = Field(
+        2, ge=0, description="continuations on another decode replica after tokens were "
+        "sent (0: a stream that loses its replica ends with an error event)")
+    max_retry_s: float = Field(
+        60, gt=0, description="no retry starts this long after the request arrived")
+
+
+class Deadlines(StrictModel):
+    """How long the router waits for each stage before it counts the stage as failed
+    (and retries it: router.retries). None: no deadline."""
+
+    prefill_s: float | None = Field(
+        60, gt=0, description="a prefill replica's answer (queueing included)")
+    first_token_s: float | None = Field(
+        60, gt=0, description="a decode engine's first output (its KV pull included)")
+    token_gap_s: float | None = Field(
+        30, gt=0, description="the longest wait between two outputs of a decode stream")
+
+
 class RouterConfig(StrictModel):
     """The HTTP ingress."""
 
@@ -368,6 +440,9 @@ class RouterConfig(StrictModel):
     admission: AdmissionConfig = AdmissionConfig()
     auth: AuthConfig = AuthConfig()
     routing: RoutingConfig = RoutingConfig()
+    limits: RequestLimits = RequestLimits()
+    retries: RetryConfig = RetryConfig()
+    deadlines: Deadlines = Deadlines()
 
 
 class RayConfig(StrictModel):

@@ -90,6 +90,11 @@ KV_TRANSFER_FAILURES = MetricSpec("pdserve_kv_transfer_failures_total", "counter
                                   "Failed NIXL transfers, handshakes and notifications",
                                   POOL_TAGS)
 
+# --- retries (recorded by the router's flow, router/retry.py) ---------------------------
+RETRIES = MetricSpec("pdserve_retries_total", "counter",
+                     "Stages that failed and what the router did next (retry_prefill, "
+                     "decode_local, migrate, give_up)", ("version", "stage", "reason", "action"))
+
 # --- canary rollouts (recorded by the rollout controller) -------------------------------
 CANARY_PERCENT = MetricSpec("pdserve_canary_percent", "gauge",
                             "Share of a served model's traffic each version gets (0..100)",
@@ -115,7 +120,7 @@ PREFILL_PER_DECODE = MetricSpec("pdserve_autoscaling_prefill_per_decode", "gauge
 CATALOGUE: tuple[MetricSpec, ...] = (
     TTFT, ITL, E2E, QUEUE, REQUESTS, PROMPT_TOKENS, GENERATION_TOKENS,
     REPLICAS, RUNNING, WAITING, KV_USAGE, ENGINE_PROMPT_TOKENS, ENGINE_GENERATION_TOKENS,
-    KV_TRANSFER_SECONDS, KV_TRANSFER_BYTES, KV_TRANSFER_FAILURES,
+    KV_TRANSFER_SECONDS, KV_TRANSFER_BYTES, KV_TRANSFER_FAILURES, RETRIES,
     CANARY_PERCENT, CANARY_DECISIONS,
     DESIRED_REPLICAS, STANDBY_FLOOR, SCALE_EVENTS, PREFILL_PER_DECODE,
 )

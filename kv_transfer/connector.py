@@ -27,6 +27,7 @@ def connector_config(
     connector: str = "NixlConnector",
     buffer_device: str = "cpu",
     backends: list[str] | None = None,
+    load_failure_policy: str = "recompute",
 ) -> dict[str, Any]:
     """The ``kv_transfer_config`` argument of a vLLM engine of the given role."""
     return {
@@ -35,4 +36,5 @@ def connector_config(
         "kv_buffer_device": buffer_device,
         "engine_id": engine_id,
         "kv_connector_extra_config": {"backends": list(backends or ["UCX"])},
+        "kv_load_failure_policy": load_failure_policy,
     }

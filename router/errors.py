@@ -84,3 +84,8 @@ def unauthorized(has_key: bool) -> APIError:
                "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.")
     return APIError(401, message, "invalid_request_error", None, "invalid_api_key",
                     headers={"WWW-Authenticate": "Bearer"})
+
+
+def admin_key_required() -> APIError:
+    return APIError(403, "This key may not use the admin endpoints; they take an admin key.",
+                    "permission_error", None, "admin_key_required")

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 
 from cluster.metrics import outcome_for_status
 from router.errors import APIError, internal_error, service_unavailable
+from router.retry import Failure
 from router.timing_metrics import RequestObserver
 
 logger = logging.getLogger(__name__)
@@ -24,20 +25,40 @@ def error_response(error: APIError, request_id: str | None = None) -> JSONRespon
     return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 
+def failure_kind(error: BaseException) -> Failure:
+    """How the retry policy sees a failed stage (router/retry.py): the cluster's fault
+    (a replica or engine gone or unavailable, a deadline passed), a refusal of the
+    request itself, or something unexpected."""
+    if isinstance(error, TimeoutError):
+        return "deadline"
+    if isinstance(error, APIError):
+        return "unavailable" if error.status == 503 else "refused"
+    from ray import exceptions as ray_exceptions
+    from ray.serve import exceptions as serve_exceptions
+    from vllm.exceptions import VLLMClientError
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    if isinstance(error, ray_exceptions.RayTaskError):
+        error = error.cause
+    if isinstance(error, serve_exceptions.BackPressureError
+                  | serve_exceptions.DeploymentUnavailableError
+                  | ray_exceptions.RayActorError | ray_exceptions.ActorUnavailableError
+                  | EngineDeadError):
+        return "unavailable"
+    if isinstance(error, VLLMClientError | ValueError | TypeError | OverflowError):
+        return "refused"
+    return "internal"
+
+
 def client_error(error: BaseException, request_id: str) -> APIError:
     """What the client is told about a failure inside the pools (details go to the log)."""
     if isinstance(error, APIError):
         return error
-    from ray import exceptions as ray_exceptions
-    from ray.serve import exceptions as serve_exceptions
-
-    unavailable = (
-        serve_exceptions.BackPressureError,
-        serve_exceptions.DeploymentUnavailableError,
-        ray_exceptions.RayActorError,
-        ray_exceptions.ActorUnavailableError,
-    )
-    if isinstance(error, unavailable):
+    kind = failure_kind(error)
+    if kind == "deadline":
+        logger.warning("request %s: an engine passed its deadline", request_id)
+        return service_unavailable("the model's engines did not answer in time; retry")
+    if kind == "unavailable":  # a dead engine too: Serve replaces its replica
         logger.warning("request %s: engine unavailable: %r", request_id, error)
         return service_unavailable("the model's engines are unavailable; retry shortly")
     logger.error("request %s failed: %r", request_id, error, exc_info=error)
@@ -59,12 +80,14 @@ def vllm_error_response(error: BaseException) -> JSONResponse | None:
     """
     from ray import exceptions as ray_exceptions
     from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
-    from vllm.exceptions import VLLMError
+    from vllm.exceptions import VLLMError, VLLMServerError
 
     if isinstance(error, ray_exceptions.RayTaskError):
         error = error.cause
     if not isinstance(error, VLLMError | ValueError | TypeError | OverflowError
                       | NotImplementedError):
+        return None
+    if isinstance(error, VLLMServerError):  # a dead engine, say: pdserve's 503 or 500
         return None
     response = create_error_response(error)
     return JSONResponse(response.model_dump(), status_code=response.error.code)

@@ -8,12 +8,18 @@ no engine working on, or holding KV for, a request nobody reads.
 
 from __future__ import annotations
 
+import asyncio
+import copy
+import dataclasses
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
+from cluster.config import Deadlines
 from cluster.engine.messages import EngineRequest, PrefillResult
 from router.disaggregation import Route
+from router.retry import Action, Failure, RetryPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -21,41 +27,124 @@ T = TypeVar("T")
 
 
 class DisaggregatedFlow:
-    """Runs requests through a prefill pool and a decode pool given as Serve handles."""
+    """Runs requests through a prefill pool and a decode pool given as Serve handles,
+    retrying, falling back and migrating as ``retry`` decides (router/retry.py)."""
 
-    def __init__(self, prefill_handle, decode_handle):
+    def __init__(self, prefill_handle, decode_handle, *, retry: RetryPolicy | None = None,
+                 deadlines: Deadlines | None = None,
+                 classify: Callable[[BaseException], Failure] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 on_retry: Callable[[str, Failure, Action], None] | None = None):
+        """Without ``retry`` nothing is retried; without ``deadlines`` nothing times out.
+        ``classify`` tells the policy what a failure was (default: Ray's and vLLM's
+        exception types, router.failures); ``on_retry(stage, failure, action)`` counts."""
         self._prefill = prefill_handle
         self._decode = decode_handle.options(stream=True)
         self._decode_unary = decode_handle
+        self._retry = retry or RetryPolicy(prefill_attempts=1, decode_attempts=1,
+                                           max_migrations=0)
+        self._deadlines = deadlines or Deadlines(prefill_s=None, first_token_s=None,
+                                                 token_gap_s=None)
+        self._classify = classify or _failure_kind
+        self._clock = clock
+        self._on_retry = on_retry or (lambda stage, failure, action: None)
 
     async def generate(
-        self, request: EngineRequest, path: Route = "disaggregated"
+        self, request: EngineRequest, path: Route = "disaggregated", *, one_piece: bool = False,
     ) -> AsyncIterator[Any]:
         """Yield the request's vLLM ``RequestOutput`` deltas; the last is ``finished``.
 
         On the ``decode_local`` path the decode engine prefills the prompt itself.
+        ``one_piece``: the decode engine sends the whole answer as one output (a unary
+        request), so the deadline for it covers the whole generation.
 
         If the consumer stops early (client disconnect → cancellation or ``aclose``),
         the decode stream is cancelled, which aborts the request in the decode engine;
         the engine's connector then releases the prompt's blocks on the prefill side.
         """
+        start = self._clock()
         handle = None
         if path == "disaggregated":
-            # Cancelling while this await is pending cancels the prefill call too (Serve
-            # propagates cancellation), and vLLM aborts it and frees its blocks at once.
-            prefill: PrefillResult = await self._prefill.prefill.remote(request)
-            handle = prefill.handle
-        stream = self._decode.generate.remote(request, handle)
-        finished = False
-        try:
-            async for output in stream:
-                finished = output.finished
-                yield output
-        finally:
-            if not finished:
-                stream.cancel()
-                logger.info("request %s stopped before it finished; aborted",
-                            request.request_id)
+            handle = await self._prefill_with_retries(request, start)
+        async for output in self._decode_with_retries(request, handle, start, one_piece):
+            yield output
+
+    async def _prefill_with_retries(self, request: EngineRequest, start: float):
+        """The prefill's KV handle; None when the decode engine is to prefill instead."""
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                # Cancelling this await (a client gone, a deadline) cancels the prefill
+                # call too (Serve propagates cancellation): vLLM aborts it, frees its blocks.
+                result: PrefillResult = await _within(
+                    self._prefill.prefill.remote(request), self._deadlines.prefill_s)
+                return result.handle
+            except Exception as error:  # not CancelledError: the client left
+                failure = self._classify(error)
+                action = self._retry.after_prefill_failure(
+                    failure, attempts, self._clock() - start)
+                self._note("prefill", request, error, failure, action)
+                if action == "give_up":
+                    raise
+                if action == "decode_local":
+                    return None
+
+    async def _decode_with_retries(self, request: EngineRequest, handle, start: float,
+                                   one_piece: bool) -> AsyncIterator[Any]:
+        sent: list[int] = []  # token ids already passed on (of the one choice, when n = 1)
+        attempts = migrations = 0
+        current = request
+        while True:
+            attempts += 1
+            stream = self._decode.generate.remote(current, handle)
+            finished = False
+            try:
+                timeout = self._first_output_deadline(request, one_piece)
+                while not finished:
+                    output = await _within(anext(stream), timeout)
+                    timeout = self._deadlines.token_gap_s
+                    finished = output.finished
+                    if output.outputs:
+                        sent.extend(output.outputs[0].token_ids)
+                    yield output
+                return
+            except StopAsyncIteration:
+                return  # ended without a finished output: aborted below
+            except Exception as error:  # not GeneratorExit/CancelledError: the client left
+                failure = self._classify(error)
+                action = self._retry.after_decode_failure(
+                    failure, tokens_sent=len(sent), attempts=attempts,
+                    migrations=migrations, elapsed_s=self._clock() - start,
+                    choices=request.sampling.n,
+                    constrained=getattr(request.sampling, "structured_outputs", None)
+                    is not None)
+                self._note("decode", request, error, failure, action)
+                if action == "give_up":
+                    raise
+                handle = None  # the retry or continuation prefills on its decode engine
+                if action == "migrate":
+                    migrations += 1
+                current = continuation(request, sent, attempts)
+            finally:
+                if not finished:
+                    stream.cancel()
+                    logger.info("request %s stopped before it finished; aborted",
+                                current.request_id)
+
+    def _first_output_deadline(self, request: EngineRequest, one_piece: bool) -> float | None:
+        first, gap = self._deadlines.first_token_s, self._deadlines.token_gap_s
+        if not one_piece or first is None:
+            return first
+        # The one output comes when the whole answer is done: every token's gap counts.
+        return None if gap is None else first + gap * request.sampling.max_tokens
+
+    def _note(self, stage: str, request: EngineRequest, error: BaseException,
+              failure: Failure, action: Action) -> None:
+        log = logger.error if action == "give_up" else logger.warning
+        log("request %s: %s failed (%s: %r); %s", request.request_id, stage, failure,
+            error, action)
+        self._on_retry(stage, failure, action)
 
     async def pool_stats(self) -> dict[str, dict]:
         """Statistics of one replica of each pool (the one Serve routes the call to)."""
@@ -63,6 +152,35 @@ class DisaggregatedFlow:
             "prefill": await self._prefill.stats.remote(),
             "decode": await self._decode_unary.stats.remote(),
         }
+
+
+def continuation(request: EngineRequest, sent: list[int], attempt: int) -> EngineRequest:
+    """``request`` to run again after ``attempt`` failed: the tokens already ``sent``
+    appended to its prompt, and what is left of its token limits. Exact for greedy
+    decoding; a seeded request goes on with its seed from this point, so its text differs
+    from an unfaulted run's after it (still a sample of the same distribution)."""
+    sampling = copy.copy(request.sampling)
+    sampling.max_tokens = request.sampling.max_tokens - len(sent)
+    if getattr(sampling, "min_tokens", 0):
+        sampling.min_tokens = max(0, sampling.min_tokens - len(sent))
+    # Its own id: the engine that failed may still be aborting the first one.
+    return dataclasses.replace(
+        request, request_id=f"{request.request_id}-retry{attempt}",
+        prompt_token_ids=(*request.prompt_token_ids, *sent), sampling=sampling)
+
+
+async def _within(awaitable: Awaitable[T], timeout_s: float | None) -> T:
+    """``awaitable``'s result; ``TimeoutError`` (and the awaitable cancelled) after
+    ``timeout_s`` seconds (None: no limit)."""
+    if timeout_s is None:
+        return await awaitable
+    return await asyncio.wait_for(awaitable, timeout_s)
+
+
+def _failure_kind(error: BaseException) -> Failure:
+    from router.failures import failure_kind  # Ray's and vLLM's exception types
+
+    return failure_kind(error)
 
 
 async def prepend(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:

@@ -31,11 +31,13 @@ from cluster.config import PDServeConfig
 from cluster.metrics import outcome_for_status
 from router.admission import client_key
 from router.admission_gate import AdmissionGate
-from router.auth import accepted_digests, bearer_token, is_authorized
+from router.auth import admin_access, bearer_token, configured_keys, is_authorized
 from router.canary_rollout import RolloutClient
 from router.errors import (
     APIError,
+    admin_key_required,
     bad_request,
+    internal_error,
     method_not_allowed,
     model_not_found,
     route_not_found,
@@ -45,8 +47,10 @@ from router.errors import (
 from router.failures import error_response, failure_response, vllm_error_response
 from router.flow import DisaggregatedFlow, prepend
 from router.lifecycle import RequestLifecycle
+from router.limits import check_body, check_declared_size, check_received_size
 from router.protocol import refuse_not_honoured
-from router.timing_metrics import RequestObserver, count_refusal
+from router.retry import RetryPolicy
+from router.timing_metrics import RequestObserver, count_refusal, retry_counter
 from router.versions import choose_version, sticky_key_for
 from router.vllm_frontend import (
     Frontend,
@@ -91,7 +95,29 @@ async def _validation_error(request: Request, error: RequestValidationError) -> 
     return await validation_exception_handler(request, error)
 
 
+@app.exception_handler(Exception)
+async def _unexpected(request: Request, error: Exception) -> JSONResponse:
+    """Whatever escaped every other handler: logged here, answered without internals."""
+    request_id = f"req-{uuid.uuid4().hex}"
+    logger.error("request %s to %s failed: %r", request_id, request.url.path, error,
+                 exc_info=error)
+    count_refusal(500)
+    return error_response(internal_error(request_id))
+
+
 # Module-level helpers stand above the class: Serve captures it mid-import.
+async def _read_body(request: Request, limit_bytes: int) -> bytes:
+    """The body, refused with 413 from its declared length or, undeclared, once more than
+    ``limit_bytes`` have arrived (never read whole first)."""
+    check_declared_size(request.headers.get("content-length"), limit_bytes)
+    chunks, received = [], 0
+    async for chunk in request.stream():
+        received += len(chunk)
+        check_received_size(received, limit_bytes)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def _parsed(kind: str, data: Any) -> Any:
     """vLLM's request model of ``kind``, or vLLM's answer to what its own checks refuse."""
     try:
@@ -119,7 +145,10 @@ class Router:
         self._config = config
         self._versions: dict[str, VersionFrontends] = {}
         for name in config.versions:
-            flow = DisaggregatedFlow(pools[name]["prefill"], pools[name]["decode"])
+            flow = DisaggregatedFlow(
+                pools[name]["prefill"], pools[name]["decode"],
+                retry=RetryPolicy.from_config(config.router.retries),
+                deadlines=config.router.deadlines, on_retry=retry_counter(name))
             served = [served for served, weights in config.served_models.items()
                       if weights.get(name) is not None]
             self._versions[name] = build_version(config, name, flow, served)
@@ -127,11 +156,7 @@ class Router:
             rollout, config.served_models,
             config.canary.served_model if config.canary is not None else None)
         self._gate = AdmissionGate(config.router.admission)
-        auth = config.router.auth
-        self._api_keys = accepted_digests(
-            (key.get_secret_value() for key in auth.api_keys),
-            os.environ.get(auth.api_keys_env) if auth.api_keys_env else None,
-        )
+        self._api_keys, self._admin_keys = configured_keys(config.router.auth, os.environ)
         self._random = random.Random()
         self._created = int(time.time())
         self._replica: str | None = None
@@ -172,7 +197,7 @@ class Router:
     @app.get("/admin/stats")
     async def stats(self, request: Request, version: str | None = None) -> JSONResponse:
         """Engine statistics of one version's pools (default: the primary version)."""
-        self._authorize(request)
+        self._authorize_admin(request)
         chosen = self._versions.get(version or self._config.model.version)
         if chosen is None:
             raise bad_request(f"unknown version {version!r}", "version")
@@ -182,14 +207,14 @@ class Router:
     async def rollout(self, request: Request) -> JSONResponse:
         """The weights in force per served name, the canary gate's recent decisions and
         the router replica that answered (rollouts replace it)."""
-        self._authorize(request)
+        self._authorize_admin(request)
         return JSONResponse({**await self._rollout.describe(),
                              "router_replica": self._replica_id})
 
     @app.get("/admin/admission")
     async def admission(self, request: Request) -> JSONResponse:
         """This router replica's admission state: the token budget in use and the queue."""
-        self._authorize(request)
+        self._authorize_admin(request)
         return JSONResponse({**self._gate.snapshot(), "router_replica": self._replica_id})
 
     @app.post("/v1/completions")
@@ -218,6 +243,15 @@ class Router:
         if not is_authorized(authorization, self._api_keys):
             raise unauthorized(has_key=bearer_token(authorization) is not None)
 
+    def _authorize_admin(self, request: Request) -> None:
+        """Raise 401 or 403 unless the request may use the admin endpoints."""
+        authorization = request.headers.get("authorization")
+        status = admin_access(authorization, self._admin_keys, self._api_keys)
+        if status == 403:
+            raise admin_key_required()
+        if status == 401:
+            raise unauthorized(has_key=bearer_token(authorization) is not None)
+
     def _choose_version(self, request: Request, served_name: str | None,
                         user: str | None) -> tuple[str, str, Frontend]:
         """The version that answers (sticky per user, else per API key) and the frontend
@@ -244,7 +278,7 @@ class Router:
         """Chat and completions: vLLM's layer runs the request, pdserve keeps the books."""
         arrival = time.monotonic()
         self._authorize(request)
-        data = parse_json_body(await request.body())
+        data = await self._json_body(request)
         refuse_not_honoured(data)
         body = _parsed(kind, data)
         if isinstance(body, JSONResponse):
@@ -328,9 +362,17 @@ class Router:
             # a client that left stops the relay before its end
             lifecycle.finish("ok" if completed else "cancelled")
 
+    async def _json_body(self, request: Request) -> Any:
+        """The body as JSON within the configured limits (413 or 400 otherwise)."""
+        limits = self._config.router.limits
+        data = parse_json_body(await _read_body(request, limits.max_body_bytes))
+        check_body(data, max_stop_chars=limits.max_stop_chars,
+                   max_user_chars=limits.max_user_chars)
+        return data
+
     async def _tokenization(self, request: Request, which: str) -> JSONResponse:
         self._authorize(request)
-        body = _parsed(which, parse_json_body(await request.body()))
+        body = _parsed(which, await self._json_body(request))
         if isinstance(body, JSONResponse):
             return body
         *_, frontend = self._choose_version(request, body.model, None)

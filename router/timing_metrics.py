@@ -25,6 +25,15 @@ def count_refusal(status: int, model: str = UNKNOWN, version: str = UNKNOWN) -> 
     RECORDER.inc(m.REQUESTS, tags)
 
 
+def retry_counter(version: str) -> Callable[[str, str, str], None]:
+    """What the flow of ``version`` calls when a stage failed: counts it with the action
+    the retry policy chose (``pdserve_retries_total``)."""
+    def count(stage: str, reason: str, action: str) -> None:
+        RECORDER.inc(m.RETRIES, {"version": version, "stage": stage, "reason": reason,
+                                 "action": action})
+    return count
+
+
 class RequestObserver:
     """Times one admitted request and records its metrics exactly once when it ends."""
 

@@ -76,6 +76,7 @@ class EngineHost:
             connector=config.kv_transfer.connector,
             buffer_device=config.kv_transfer.buffer_device,
             backends=config.kv_transfer.backends,
+            load_failure_policy=config.kv_transfer.load_failure_policy,
         )
         args = AsyncEngineArgs(**engine_kwargs(config, role, kv_config, version))
         stats = EngineStats(role=role, engine_id=engine_id)

@@ -56,7 +56,7 @@ class FakeFlow:
         self.closed = False       # the stream's own cleanup ran (aclose or cancellation)
         self.blocked = False
 
-    async def generate(self, request, route):
+    async def generate(self, request, route, one_piece=False):
         self.calls.append((request, route))
         try:
             for step in range(self.steps):
@@ -253,6 +253,23 @@ def test_a_flow_failure_is_recorded_and_raised_and_the_ticket_goes_back(fail_aft
     assert setup.observer.outcomes == []  # the router answers it, by its status
 
 
+@pytest.mark.parametrize("kind", [RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY])
+def test_an_engine_that_ends_a_request_in_error_fails_it_as_unavailable(kind):
+    class ErrorFlow(FakeFlow):
+        async def generate(self, request, route, one_piece=False):
+            yield delta(request.request_id, 0, 3)
+            broken = delta(request.request_id, 1, 3)
+            broken.outputs[0].finish_reason = "error"
+            yield broken
+
+    setup = Setup(ErrorFlow())
+    with pytest.raises(APIError) as caught:
+        setup.collect(SHORT, params(kind))
+    assert caught.value.status == 503 and "Retry-After" in caught.value.headers
+    assert setup.lifecycle.failure is caught.value
+    assert setup.gate.released  # the ticket went back
+
+
 def test_a_unary_request_whose_flow_fails_yields_nothing_and_records_the_failure():
     setup = Setup(FakeFlow(fail_after=2))
     with pytest.raises(ConnectionError):
@@ -310,7 +327,7 @@ def test_a_failed_batch_is_counted_by_its_failure_not_as_cancelled():
     from vllm.utils.async_utils import merge_async_iterators
 
     class BatchFlow(FakeFlow):
-        async def generate(self, request, route):
+        async def generate(self, request, route, one_piece=False):
             if request.request_id.endswith("-0"):  # the first prompt fails at once
                 raise ConnectionError("decode replica died")
                 yield  # an async generator
@@ -346,7 +363,7 @@ def test_the_prompts_of_a_batch_take_turns_through_the_pools():
     order: list[str] = []
 
     class Recording(FakeFlow):
-        async def generate(self, request, route):
+        async def generate(self, request, route, one_piece=False):
             order.append(f"start {request.request_id[-1]}")
             async for output in super().generate(request, route):
                 yield output

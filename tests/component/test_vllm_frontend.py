@@ -27,7 +27,7 @@ class FakeFlow:
     def __init__(self, deltas=(("ab", [97, 98]),) * 3):
         self.requests, self.deltas = [], deltas
 
-    async def generate(self, request, route):
+    async def generate(self, request, route, one_piece=False):
         from vllm.outputs import CompletionOutput, RequestOutput
 
         self.requests.append((request, route))

@@ -18,7 +18,7 @@ import pytest
 
 from cluster import processes
 from cluster.config import load_config
-from tests.integration.openai_http import AUTH
+from tests.integration.openai_http import ADMIN
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_PATH = REPO / "tests/integration/pdserve-test.yaml"
@@ -102,7 +102,7 @@ def reference(pdserve) -> Iterator[str]:
 
 
 def engine_stats(base_url: str) -> dict[str, dict]:
-    response = httpx.get(f"{base_url}/admin/stats", timeout=30, headers=AUTH)
+    response = httpx.get(f"{base_url}/admin/stats", timeout=30, headers=ADMIN)
     response.raise_for_status()
     return response.json()
 

@@ -10,6 +10,7 @@ import httpx
 # The test cluster requires an API key (router.auth in pdserve-test.yaml).
 API_KEY = "sk-pdserve-test"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
+ADMIN = {"Authorization": "Bearer sk-pdserve-admin"}   # router.auth.admin_keys
 
 
 @dataclass

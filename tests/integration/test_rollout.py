@@ -25,7 +25,7 @@ from tests.integration.conftest import (
     engine_stats,
     wait_until_idle,
 )
-from tests.integration.openai_http import AUTH, generate
+from tests.integration.openai_http import ADMIN, AUTH, generate
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +57,7 @@ def deploy(config_path: Path, once_connected=lambda: None, outcome: dict | None 
 
 
 def router_replica(base_url: str) -> str:
-    return httpx.get(f"{base_url}/admin/rollout", headers=AUTH, timeout=60).json()[
+    return httpx.get(f"{base_url}/admin/rollout", headers=ADMIN, timeout=60).json()[
         "router_replica"]
 
 

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from tests.integration.conftest import CONFIG, MODEL, wait_until_idle
-from tests.integration.openai_http import AUTH, generate
+from tests.integration.openai_http import ADMIN, generate
 
 pytestmark = pytest.mark.integration
 
@@ -90,7 +90,7 @@ async def _flood_from_key_a(pdserve: str) -> dict:
     async with httpx.AsyncClient(base_url=pdserve, timeout=300) as client:
 
         async def state() -> dict:
-            response = await client.get("/admin/admission", headers=AUTH)
+            response = await client.get("/admin/admission", headers=ADMIN)
             assert response.status_code == 200
             return response.json()
 

@@ -92,6 +92,22 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", {"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]},
      404, (404, "model")),
     ("/v1/embeddings", {"model": MODEL, "input": "x"}, 404, ("not_found", None)),
+    # Hostile input: refused before a tokenizer or an engine sees it (router/limits.py).
+    ("/v1/completions", {"model": MODEL, "prompt": "a\ud800"}, 400, ("invalid_value", "prompt")),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "\udc00"}]},
+     400, ("invalid_value", "messages[0].content")),
+    ("/tokenize", {"model": MODEL, "prompt": "\ud800"}, 400, ("invalid_value", "prompt")),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "stop": ""}, 400,
+     ("invalid_value", "stop")),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "stop": ["ok", ""]}, 400,
+     ("invalid_value", "stop")),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "stop": "s" * 300}, 400,
+     ("invalid_value", "stop")),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "user": "u" * 300}, 400,
+     ("invalid_value", "user")),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "seed": 2**64}, 400, VLLM),
+    ("/v1/completions", {"model": MODEL, "prompt": "x" * (3 << 20)}, 413,
+     ("request_too_large", None)),
 ]
 
 
@@ -110,6 +126,28 @@ def test_bad_input_gets_an_openai_error_and_the_service_keeps_serving(
     assert error["message"] and error["type"] and "Traceback" not in response.text
     healthy = generate(pdserve, "completion", MODEL, "still there?", stream=False, max_tokens=4)
     assert healthy.status == 200 and healthy.usage["completion_tokens"] >= 1
+
+
+def test_an_undeclared_oversized_body_is_refused_while_it_arrives(pdserve):
+    def chunks():  # no Content-Length: the router counts what arrives
+        yield b'{"model": "tiny-llama", "prompt": "'
+        for _ in range(48):
+            yield b"x" * 65536
+        yield b'"}'
+
+    response = httpx.post(f"{pdserve}/v1/completions", content=chunks(), timeout=60,
+                          headers={"content-type": "application/json", **AUTH})
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
+
+
+@pytest.mark.parametrize("method, path, status", [
+    ("GET", "/v1/chat/completions", 405), ("DELETE", "/v1/models", 405),
+    ("GET", "/v2/anything", 404)])
+def test_the_frameworks_own_errors_are_openai_shaped(pdserve, method, path, status):
+    response = httpx.request(method, f"{pdserve}{path}", headers=AUTH, timeout=30)
+    assert response.status_code == status
+    assert set(response.json()["error"]) >= {"message", "type", "param", "code"}
 
 
 def test_client_disconnect_aborts_the_request_on_both_engines(pdserve):

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.integration.conftest import CONFIG, ENV_API_KEY, MODEL
-from tests.integration.openai_http import AUTH, generate
+from tests.integration.openai_http import ADMIN, AUTH, generate
 from tests.integration.test_metrics import settled_scrape, total
 
 pytestmark = pytest.mark.integration
@@ -56,7 +56,7 @@ def test_a_user_stays_on_one_version(pdserve):
 def test_the_canary_gate_promotes_a_healthy_canary_to_100(pdserve):
     """tiny-llama-rollout starts at v2: 10%; the gate (1 s period, 3 s window, eval command
     that allows only v2) promotes 10 -> 50 -> 100, after which all traffic is v2's."""
-    state = httpx.get(f"{pdserve}/admin/rollout", headers=AUTH, timeout=30).json()
+    state = httpx.get(f"{pdserve}/admin/rollout", headers=ADMIN, timeout=30).json()
     assert state["canary"]["candidate"] == "v2" and state["canary"]["percent"] == 10
     before = settled_scrape()
 
@@ -69,7 +69,7 @@ def test_the_canary_gate_promotes_a_healthy_canary_to_100(pdserve):
                     client.post("/v1/completions", json={**body, "user": f"u{next(users)}"})
                     for _ in range(4)))
                 assert all(r.status_code == 200 for r in replies)
-                rollout = (await client.get("/admin/rollout")).json()
+                rollout = (await client.get("/admin/rollout", headers=ADMIN)).json()
                 if rollout["canary"]["complete"]:
                     return rollout
             pytest.fail(f"the rollout did not complete: {rollout}")
@@ -102,3 +102,14 @@ def test_api_keys_are_required_and_checked(pdserve):
     assert from_env.status_code == 200
     assert httpx.get(f"{pdserve}/health", timeout=30).status_code == 200  # probes need none
     assert CONFIG.router.auth.api_keys  # the config's keys were used by every other test
+
+
+def test_admin_endpoints_take_an_admin_key_and_never_a_clients(pdserve):
+    for path in ("/admin/stats", "/admin/rollout", "/admin/admission"):
+        assert httpx.get(f"{pdserve}{path}", timeout=30).status_code == 401
+        as_client = httpx.get(f"{pdserve}{path}", headers=AUTH, timeout=30)
+        assert as_client.status_code == 403
+        assert as_client.json()["error"]["code"] == "admin_key_required"
+        assert httpx.get(f"{pdserve}{path}", headers=ADMIN, timeout=30).status_code == 200
+    # An admin key is a client key too.
+    assert httpx.get(f"{pdserve}/v1/models", headers=ADMIN, timeout=30).status_code == 200

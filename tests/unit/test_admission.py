@@ -14,7 +14,9 @@ def policy(**fields) -> AdmissionPolicy:
     return AdmissionPolicy.from_config(AdmissionConfig(**fields))
 
 
-POLICY = policy(token_budget=100, max_queue=2, max_wait_s=5, retry_after_s=3)
+# One key may fill the whole queue here: these tests are about the queue itself.
+POLICY = policy(token_budget=100, max_queue=2, max_wait_s=5, retry_after_s=3,
+                max_queue_per_key=None)
 
 
 def test_admits_within_budget_then_queues_then_refuses():
@@ -60,7 +62,10 @@ def test_expiry_refuses_exactly_at_the_deadline_and_admits_who_was_held_back():
 
 def test_the_policy_comes_from_the_config():
     plain = AdmissionPolicy.from_config(AdmissionConfig())
-    assert plain.long_budget is None and plain.max_queue_per_key is None
+    # Unset: a quarter of the queue per key; set to null: the whole queue.
+    assert plain.long_budget is None and plain.max_queue_per_key == plain.max_queue // 4
+    assert AdmissionConfig(max_queue=2).max_queue_per_key == 1
+    assert AdmissionConfig(max_queue_per_key=None).max_queue_per_key is None
     assert (plain.token_budget, plain.max_queue, plain.max_wait_s, plain.retry_after_s) == (
         AdmissionConfig().token_budget, AdmissionConfig().max_queue,
         AdmissionConfig().max_wait_s, AdmissionConfig().retry_after_s)

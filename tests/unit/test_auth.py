@@ -50,3 +50,48 @@ def test_the_error_never_echoes_the_key():
     assert error.status == 401 and error.code == "invalid_api_key"
     assert error.headers == {"WWW-Authenticate": "Bearer"}
     assert "sk-" not in str(error.body())
+
+
+def test_a_named_key_variable_must_hold_a_key():
+    import pytest
+
+    from router.auth import AuthMisconfigured, keys_from
+
+    assert keys_from(["sk-c"], "KEYS", {"KEYS": "sk-e"}) == accepted_digests(["sk-c"], "sk-e")
+    assert keys_from([], None, {}) == frozenset()  # none named: off, as configured
+    for environ, state in (({}, "is not set"), ({"KEYS": ""}, "is empty"),
+                           ({"KEYS": " , "}, "is empty")):
+        with pytest.raises(AuthMisconfigured, match=f"KEYS named by the config {state}"):
+            keys_from(["sk-c"], "KEYS", environ)
+
+
+def test_admin_keys_open_admin_and_the_api_client_keys_only_the_api():
+    from cluster.config import AuthConfig
+    from router.auth import admin_access, configured_keys
+
+    auth = AuthConfig(api_keys=["sk-client"], admin_keys=["sk-admin"])
+    clients, admin = configured_keys(auth, {})
+    assert is_authorized("Bearer sk-admin", clients)  # an admin may call the API too
+    assert admin_access("Bearer sk-admin", admin, clients) is None
+    assert admin_access("Bearer sk-client", admin, clients) == 403
+    assert admin_access("Bearer sk-wrong", admin, clients) == 401
+    assert admin_access(None, admin, clients) == 401
+
+
+def test_with_client_keys_and_no_admin_key_admin_is_closed():
+    from cluster.config import AuthConfig
+    from router.auth import admin_access, configured_keys
+
+    clients, admin = configured_keys(AuthConfig(api_keys=["sk-client"]), {})
+    assert admin_access("Bearer sk-client", admin, clients) == 403
+
+
+def test_without_any_key_everything_is_open_and_admin_keys_alone_guard_admin():
+    from cluster.config import AuthConfig
+    from router.auth import admin_access, configured_keys
+
+    assert admin_access(None, *reversed(configured_keys(AuthConfig(), {}))) is None
+    clients, admin = configured_keys(AuthConfig(admin_keys=["sk-admin"]), {})
+    assert clients == frozenset() and is_authorized(None, clients)  # the API stays open
+    assert admin_access(None, admin, clients) == 401
+    assert admin_access("Bearer sk-admin", admin, clients) is None

@@ -17,13 +17,16 @@ from types import SimpleNamespace
 
 import pytest
 
+from cluster.config import Deadlines
 from cluster.engine.messages import EngineRequest, PrefillResult
 from kv_transfer.handle import KVHandle
 from router.flow import DisaggregatedFlow, prepend
+from router.retry import RetryPolicy
 from tests.fake_time import eventually, settled
 
 # The flow passes the sampling parameters through untouched: any object stands in for them.
-REQUEST = EngineRequest("req-1", (1, 2, 3, 4), SimpleNamespace(max_tokens=3, n=1))
+REQUEST = EngineRequest("req-1", (1, 2, 3, 4), SimpleNamespace(max_tokens=3, n=1,
+                                                               min_tokens=0))
 KV = KVHandle(do_remote_prefill=True, remote_engine_id="prefill-0", remote_block_ids=[[7, 8]],
               remote_host="10.0.0.1", remote_port=15600)
 
@@ -142,7 +145,10 @@ class FakeDecode:
 def flow_with(stream: FakeStream, prefill: FakePrefill | None = None):
     prefill = prefill or FakePrefill(PrefillResult(KV, prompt_tokens=4))
     decode = FakeDecode(stream)
-    return DisaggregatedFlow(prefill, decode), prefill, decode
+    # Without a retry policy every failure gives up; the classifier is never consulted
+    # for what to do, only for the log (and must not import Ray here).
+    return DisaggregatedFlow(prefill, decode, classify=lambda error: "unavailable"), \
+        prefill, decode
 
 
 async def collect(flow: DisaggregatedFlow, path: str) -> list[Output]:
@@ -277,3 +283,116 @@ def test_prepend_puts_a_taken_head_back_in_front_of_the_stream():
         return [item async for item in prepend(outputs(3)[0], rest())]
 
     assert asyncio.run(read()) == outputs(3)
+
+
+# ---- retries, fallback and migration (decisions: router/retry.py) ----------------------
+
+
+class FlakyPrefill(FakePrefill):
+    """Fails its first ``failures`` calls as a dead replica would, then answers."""
+
+    def __init__(self, failures: int, block: bool = False):
+        super().__init__(PrefillResult(KV, prompt_tokens=4), block=block)
+        self.failures = failures
+
+    async def _prefill(self, request: EngineRequest) -> PrefillResult:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("prefill replica died")
+        return await super()._prefill(request)
+
+
+class Replicas(FakeDecode):
+    """A decode pool whose successive calls get successive streams (one per replica)."""
+
+    def __init__(self, *streams: FakeStream):
+        super().__init__(streams[0])
+        queue = list(streams)
+        self.generate = Method(lambda request, handle: queue.pop(0))
+
+
+def retrying(prefill, decode, **deadlines):
+    noted = []
+    flow = DisaggregatedFlow(
+        prefill, decode, retry=RetryPolicy(), classify=lambda error: (
+            "deadline" if isinstance(error, TimeoutError) else "unavailable"),
+        deadlines=Deadlines(**{"prefill_s": None, "first_token_s": None,
+                               "token_gap_s": None, **deadlines}),
+        on_retry=lambda stage, failure, action: noted.append((stage, failure, action)))
+    return flow, noted
+
+
+def test_a_failed_prefill_is_retried_and_its_handle_used():
+    prefill, decode = FlakyPrefill(failures=1), FakeDecode(FakeStream(outputs(2)))
+    flow, noted = retrying(prefill, decode)
+    assert asyncio.run(collect(flow, "disaggregated")) == outputs(2)
+    assert len(prefill.prefill.calls) == 2 and decode.generate.calls == [(REQUEST, KV)]
+    assert noted == [("prefill", "unavailable", "retry_prefill")]
+
+
+def test_a_prefill_that_keeps_failing_is_left_to_the_decode_engine():
+    prefill, decode = FlakyPrefill(failures=5), FakeDecode(FakeStream(outputs(2)))
+    flow, noted = retrying(prefill, decode)
+    assert asyncio.run(collect(flow, "disaggregated")) == outputs(2)
+    assert decode.generate.calls == [(REQUEST, None)]  # decode-local: no handle
+    assert [action for *_, action in noted] == ["retry_prefill", "decode_local"]
+
+
+def test_a_hung_prefill_passes_its_deadline_and_is_cancelled():
+    prefill, decode = FakePrefill(PrefillResult(KV, 4), block=True), FakeDecode(
+        FakeStream(outputs(1)))
+    flow, noted = retrying(prefill, decode, prefill_s=0.05)
+    assert asyncio.run(collect(flow, "disaggregated")) == outputs(1)
+    assert prefill.cancelled and decode.generate.calls == [(REQUEST, None)]
+    assert noted == [("prefill", "deadline", "retry_prefill"),
+                     ("prefill", "deadline", "decode_local")]
+
+
+def test_a_decode_that_fails_before_its_first_token_runs_again_decode_local():
+    dead, alive = FakeStream([], then="fail"), FakeStream(outputs(3))
+    decode = Replicas(dead, alive)
+    flow, noted = retrying(FakePrefill(PrefillResult(KV, 4)), decode)
+    assert asyncio.run(collect(flow, "disaggregated")) == outputs(3)
+    (first, handle), (again, no_handle) = decode.generate.calls
+    assert (first, handle) == (REQUEST, KV) and no_handle is None
+    assert again.prompt_token_ids == REQUEST.prompt_token_ids
+    assert again.request_id != REQUEST.request_id  # the dead engine may still hold the id
+    assert dead.cancelled and noted == [("decode", "unavailable", "decode_local")]
+
+
+def test_a_decode_that_fails_midstream_is_continued_with_the_tokens_already_sent():
+    sent = outputs(3)
+    dead = FakeStream(sent[:1], then="fail")          # token 0 reached the client
+    alive = FakeStream([output(1), output(2, last=True)])
+    decode = Replicas(dead, alive)
+    flow, noted = retrying(FakePrefill(PrefillResult(KV, 4)), decode)
+    received = asyncio.run(collect(flow, "disaggregated"))
+    assert [o.outputs[0].token_ids for o in received] == [[0], [1], [2]]  # none lost or doubled
+    continued, handle = decode.generate.calls[1]
+    assert continued.prompt_token_ids == (*REQUEST.prompt_token_ids, 0) and handle is None
+    assert continued.sampling.max_tokens == REQUEST.sampling.max_tokens - 1
+    assert REQUEST.sampling.max_tokens == 3  # the client's request is left as it was
+    assert noted == [("decode", "unavailable", "migrate")]
+
+
+def test_a_hung_decode_passes_its_gap_deadline_and_is_continued():
+    hung = FakeStream(outputs(3)[:1], then="block")
+    decode = Replicas(hung, FakeStream([output(1), output(2, last=True)]))
+    flow, noted = retrying(FakePrefill(PrefillResult(KV, 4)), decode, token_gap_s=0.05)
+    assert len(asyncio.run(collect(flow, "decode_local"))) == 3
+    assert hung.cancelled and noted == [("decode", "deadline", "migrate")]
+
+
+def test_a_unary_answer_is_given_the_whole_generation_to_arrive():
+    flow, _ = retrying(FakePrefill(PrefillResult(KV, 4)), FakeDecode(FakeStream([])),
+                       first_token_s=2, token_gap_s=0.5)
+    assert flow._first_output_deadline(REQUEST, one_piece=True) == 2 + 0.5 * 3
+    assert flow._first_output_deadline(REQUEST, one_piece=False) == 2
+
+
+def test_when_every_attempt_failed_the_failure_reaches_the_caller():
+    decode = Replicas(FakeStream([], then="fail"), FakeStream([], then="fail"))
+    flow, noted = retrying(FakePrefill(PrefillResult(KV, 4)), decode)
+    with pytest.raises(ConnectionError):
+        asyncio.run(collect(flow, "decode_local"))
+    assert [action for *_, action in noted] == ["decode_local", "give_up"]

@@ -56,6 +56,10 @@ def test_prefill_params_ask_for_remote_decode():
 
 def test_connector_roles():
     assert connector_config("prefill", "e1")["kv_role"] == "kv_producer"
+    # A failed pull is recomputed by the decode engine unless the config says otherwise.
+    assert connector_config("decode", "e2")["kv_load_failure_policy"] == "recompute"
+    assert connector_config("decode", "e2", load_failure_policy="fail")[
+        "kv_load_failure_policy"] == "fail"
     decode = connector_config("decode", "e2", buffer_device="cuda", backends=["UCX", "GDS"])
     assert decode["kv_role"] == "kv_consumer"
     assert decode["kv_buffer_device"] == "cuda"

@@ -1,0 +1,73 @@
+"""What to do when a stage of a request's path fails (pure: no Ray, no clock of its own).
+
+A request's path is prefill → KV transfer → decode. Nothing reaches the client before the
+first token, so until then a failure costs only time: the prefill is retried on another
+replica, then left to the decode engine (the decode-local path, which needs no prefill
+replica at all); a decode that fails before its first token is run again decode-local. A
+decode that fails mid-stream is migrated: the tokens already sent are appended to the
+prompt and another decode replica continues from there, with what is left of
+``max_tokens``, so the client's stream goes on with no token lost or repeated.
+
+Only failures of the cluster are retried (a replica or engine that died, was unavailable
+or passed a deadline); a request the engine refused is the client's to fix. Every retry
+is bounded: attempts per stage, migrations per request and a total time, measured from
+the request's start by the caller's clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from cluster.config import RetryConfig
+
+# Why a stage failed, as the shell classifies it.
+Failure = Literal["unavailable", "deadline", "refused", "internal"]
+# What the shell does next.
+Action = Literal["retry_prefill", "decode_local", "migrate", "give_up"]
+
+RETRYABLE: frozenset[str] = frozenset({"unavailable", "deadline"})
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounds on retries (``router.retries`` in the config)."""
+
+    prefill_attempts: int = 2     # on prefill replicas, before the decode engine prefills
+    decode_attempts: int = 2      # decode runs started before the first token is sent
+    max_migrations: int = 2       # continuations after tokens were sent
+    max_retry_s: float = 60.0     # no new attempt this long after the request started
+
+    @classmethod
+    def from_config(cls, config: RetryConfig) -> RetryPolicy:
+        return cls(prefill_attempts=config.prefill_attempts,
+                   decode_attempts=config.decode_attempts,
+                   max_migrations=config.max_migrations, max_retry_s=config.max_retry_s)
+
+    def after_prefill_failure(self, failure: Failure, attempts: int,
+                              elapsed_s: float) -> Action:
+        """After the ``attempts``-th prefill attempt failed with ``failure``."""
+        if failure not in RETRYABLE or elapsed_s >= self.max_retry_s:
+            return "give_up"
+        if attempts < self.prefill_attempts:
+            return "retry_prefill"
+        return "decode_local"
+
+    def after_decode_failure(self, failure: Failure, *, tokens_sent: int, attempts: int,
+                             migrations: int, elapsed_s: float, choices: int,
+                             constrained: bool) -> Action:
+        """After a decode run failed; ``attempts`` decode runs started so far, of which
+        ``migrations`` were continuations; ``tokens_sent`` already reached the client;
+        ``constrained``: the request samples under a grammar (structured outputs)."""
+        if failure not in RETRYABLE or elapsed_s >= self.max_retry_s:
+            return "give_up"
+        if tokens_sent == 0:
+            # Nothing sent: run it again; the decode engine prefills (the prefill's KV
+            # may be gone with the replica that held the handle, or freed already).
+            return "decode_local" if attempts < self.decode_attempts else "give_up"
+        # Tokens sent: continuing is the only way to keep the stream whole.
+        # Several choices stream interleaved, and a grammar would restart from its first
+        # state on the continuation: neither can be continued exactly.
+        if choices > 1 or constrained or migrations >= self.max_migrations:
+            return "give_up"
+        return "migrate"

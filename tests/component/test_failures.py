@@ -1,0 +1,45 @@
+"""How failures inside the pools reach a client (router/failures.py), on Ray's and vLLM's
+own exception types."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from ray.exceptions import ActorDiedError, RayTaskError
+from vllm.exceptions import VLLMValidationError
+from vllm.v1.engine.exceptions import EngineDeadError
+
+from router.failures import failure_response
+
+
+def wrapped(cause: Exception) -> RayTaskError:
+    """What a Serve handle raises for an exception inside the replica."""
+    return RayTaskError("generate", "traceback text", cause)
+
+
+def answer(error: BaseException) -> tuple[int, dict, dict]:
+    response = failure_response(error, "cmpl-1")
+    return response.status_code, json.loads(response.body)["error"], response.headers
+
+
+@pytest.mark.parametrize("error", [EngineDeadError(), wrapped(EngineDeadError()),
+                                   ActorDiedError()])
+def test_a_dead_engine_or_replica_is_a_retryable_503(error):
+    status, body, headers = answer(error)
+    assert (status, body["code"]) == (503, "service_unavailable")
+    assert headers["retry-after"]
+
+
+def test_a_request_vllm_refuses_keeps_vllms_status_through_ray():
+    status, body, _ = answer(wrapped(VLLMValidationError("bad stop", parameter="stop")))
+    assert status == 400 and body["param"] == "stop"
+
+
+def test_anything_else_is_a_500_without_internals():
+    status, body, _ = answer(wrapped(RuntimeError("secret path /srv/x")))
+    assert (status, body["code"]) == (500, "internal_error")
+    assert "secret" not in body["message"] and "cmpl-1" in body["message"]

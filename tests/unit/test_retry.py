@@ -1,0 +1,60 @@
+"""Retry, fall back or migrate after a failed stage (router/retry.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.retry import RetryPolicy
+
+POLICY = RetryPolicy(prefill_attempts=2, decode_attempts=2, max_migrations=2, max_retry_s=30)
+
+
+def decode(failure="unavailable", *, tokens_sent=0, attempts=1, migrations=0, elapsed_s=1.0,
+           choices=1, constrained=False):
+    return POLICY.after_decode_failure(failure, tokens_sent=tokens_sent, attempts=attempts,
+                                       migrations=migrations, elapsed_s=elapsed_s,
+                                       choices=choices, constrained=constrained)
+
+
+def test_a_failed_prefill_is_retried_once_then_left_to_the_decode_engine():
+    assert POLICY.after_prefill_failure("unavailable", attempts=1, elapsed_s=1) == "retry_prefill"
+    assert POLICY.after_prefill_failure("deadline", attempts=1, elapsed_s=1) == "retry_prefill"
+    assert POLICY.after_prefill_failure("unavailable", attempts=2, elapsed_s=1) == "decode_local"
+
+
+@pytest.mark.parametrize("failure", ["refused", "internal"])
+def test_what_the_cluster_did_not_cause_is_never_retried(failure):
+    assert POLICY.after_prefill_failure(failure, attempts=1, elapsed_s=0) == "give_up"
+    assert decode(failure) == "give_up"
+    assert decode(failure, tokens_sent=5) == "give_up"
+
+
+def test_nothing_starts_after_the_retry_time_is_spent():
+    assert POLICY.after_prefill_failure("unavailable", attempts=1, elapsed_s=30) == "give_up"
+    assert decode(elapsed_s=30) == "give_up"
+    assert decode(tokens_sent=3, elapsed_s=30) == "give_up"
+
+
+def test_a_decode_that_sent_nothing_runs_again_decode_local_within_its_attempts():
+    assert decode(attempts=1) == "decode_local"
+    assert decode(attempts=2) == "give_up"
+
+
+def test_a_decode_that_sent_tokens_is_migrated_within_its_bound():
+    assert decode(tokens_sent=7, attempts=1) == "migrate"
+    assert decode(tokens_sent=7, attempts=3, migrations=1) == "migrate"
+    assert decode(tokens_sent=7, attempts=3, migrations=2) == "give_up"
+
+
+@pytest.mark.parametrize("changes", [{"choices": 2}, {"constrained": True}])
+def test_streams_a_continuation_cannot_reproduce_are_not_migrated(changes):
+    # n > 1 interleaves choices; a grammar would restart from its first state.
+    assert decode(tokens_sent=4, **changes) == "give_up"
+    assert decode(tokens_sent=0, **changes) == "decode_local"  # nothing sent: start over
+
+
+def test_the_policy_comes_from_the_config():
+    from cluster.config import RetryConfig
+
+    assert RetryPolicy.from_config(RetryConfig()) == RetryPolicy()
+    assert RetryPolicy.from_config(RetryConfig(max_migrations=0)).max_migrations == 0
