@@ -3,7 +3,7 @@ CONFIG ?= ray_configs/local.yaml
 PYTEST_ARGS ?=
 VENV := .venv
 
-.PHONY: setup run test test-multinode unit component lint model clean
+.PHONY: setup run test test-multinode faults unit component lint model clean
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -11,11 +11,17 @@ setup:
 run: setup
 	$(VENV)/bin/pdserve up --config $(CONFIG)
 
-# The multi-node imitation runs a Ray cluster of its own: after the others, never beside.
+# The fault suite and the multi-node imitation each run a Ray cluster of their own: after
+# the others, never beside.
 test: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -ra -m "not multinode" $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -ra -m "not multinode and not faults" $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -ra -m faults $(PYTEST_ARGS)
 	$(VENV)/bin/python -m pytest -ra -m multinode $(PYTEST_ARGS)
+
+# Faults injected into a running cluster (tests/integration/test_faults.py).
+faults: setup
+	$(VENV)/bin/python -m pytest -ra -m faults $(PYTEST_ARGS)
 
 test-multinode: setup
 	$(VENV)/bin/python -m pytest -ra -s -m multinode $(PYTEST_ARGS)

@@ -1,0 +1,320 @@
+"""Faults injected into real processes of a running cluster (`make faults`).
+
+The cluster (pdserve-faults.yaml) has two replicas per pool and short deadlines. Each test
+kills (SIGKILL) or stops (SIGSTOP) an engine replica's process while a request is in it,
+and checks what the client gets against an unfaulted run of the same greedy request: every
+token, none repeated, in order. Then that nothing leaked (the admission budget back to
+zero, both engines idle, the killed replica's EngineCore gone) and that the pool is whole
+again before the next test.
+
+Which replica serves a request is not visible from outside, so a test finds it by what
+it does: the engine that is computing is the one whose EngineCore process gains CPU time
+(the others idle in a blocking wait).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import psutil
+import pytest
+
+from cluster import processes
+from cluster.config import load_config
+from tests.integration.conftest import (
+    LOG_DIR,
+    REPO,
+    _cluster_processes,
+    _ready_or_fail,
+    _wait_for_exit,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
+
+CONFIG_PATH = REPO / "tests/integration/pdserve-faults.yaml"
+CONFIG = load_config(CONFIG_PATH)
+MODEL = CONFIG.model.name
+RECOVERY_S = 300  # a replaced replica starts its engine from scratch on a busy machine
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    before = _cluster_processes()
+    server = processes.start_pdserve(CONFIG_PATH, CONFIG, LOG_DIR / "faults", REPO)
+    try:
+        _ready_or_fail(server)
+        wait_until_whole(server.base_url)
+        yield server.base_url
+    finally:
+        returncode = processes.stop(server, signal.SIGINT, timeout_s=120)
+    assert returncode == 0, f"pdserve exited with {returncode}; see {server.log}"
+    assert not _wait_for_exit(before), "processes left behind after shutdown"
+
+
+# ---- the processes ----------------------------------------------------------------------
+
+
+def replicas(pool: str) -> list[tuple[psutil.Process, list[psutil.Process]]]:
+    """The pool's replica actors, each with its EngineCore processes."""
+    found = []
+    for process in psutil.process_iter(["name"]):
+        if process.info["name"] == f"ray::ServeReplica:pdserve:{pool}-v1":
+            try:
+                cores = [child for child in process.children(recursive=True)
+                         if child.name() == "VLLM::EngineCore"]
+            except psutil.NoSuchProcess:
+                continue
+            found.append((process, cores))
+    return found
+
+
+def cpu_seconds(processes_: list[psutil.Process]) -> float:
+    total = 0.0
+    for process in processes_:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def computing(pool: str, timeout_s: float = 60,
+              min_cpu_s: float = 0.3) -> tuple[psutil.Process, list[psutil.Process]]:
+    """The replica whose engine is computing: the first to gain ``min_cpu_s`` of CPU."""
+    candidates = replicas(pool)
+    start = {actor.pid: cpu_seconds(cores) for actor, cores in candidates}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for actor, cores in candidates:
+            if cpu_seconds(cores) - start[actor.pid] >= min_cpu_s:
+                return actor, cores
+        time.sleep(0.05)
+    gained = {actor.pid: round(cpu_seconds(cores) - start[actor.pid], 2)
+              for actor, cores in candidates}
+    pytest.fail(f"no {pool} engine started computing within {timeout_s}s: {gained}")
+
+
+def gone(pids: list[int]) -> bool:
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            pass
+    return True
+
+
+def wait_for(condition, what: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} not within {timeout_s}s")
+        time.sleep(0.5)
+
+
+def wait_until_whole(base_url: str) -> float:
+    """Both pools back to their replicas, each with a live engine, and serving; the
+    seconds that took (printed: docs/reliability.md quotes them)."""
+    started = time.monotonic()
+    def whole() -> bool:
+        for pool in ("prefill", "decode"):
+            ready = [cores for _, cores in replicas(pool) if cores]
+            if len(ready) < getattr(CONFIG, pool).replicas:
+                return False
+        return httpx.get(f"{base_url}/health", timeout=10).status_code == 200
+
+    wait_for(whole, "both pools whole again", RECOVERY_S)
+    # A replica replaced moments ago may still be loading: a request to each pool proves
+    # the pool serves (Serve routes only to replicas whose start finished).
+    for prompt in ("short", "long " * 40):
+        assert complete(base_url, prompt, max_tokens=2).status_code == 200
+    took = time.monotonic() - started
+    print(f"whole again after {took:.1f}s")
+    return took
+
+
+def nothing_leaked(base_url: str, killed_cores: list[int] = ()) -> None:
+    def admission_empty() -> bool:
+        state = httpx.get(f"{base_url}/admin/admission", timeout=10).json()
+        return (state["running"], state["queued"], state["tokens_in_flight"]) == (0, 0, 0)
+
+    wait_for(admission_empty, "the admission budget back to zero", 60)
+    wait_for(lambda: gone(list(killed_cores)), "the killed replica's EngineCore gone", 60)
+
+
+# ---- the requests -------------------------------------------------------------------------
+
+
+def unique_prompt(words: int) -> str:
+    # A fresh prefix each time: no prefix-cache hit shortens the work a fault must meet.
+    return f"{uuid.uuid4().hex} " + " ".join(f"w{i}" for i in range(words))
+
+
+def complete(base_url: str, prompt: str, **params) -> httpx.Response:
+    body = {"model": MODEL, "prompt": prompt, "temperature": 0, "return_token_ids": True,
+            **params}
+    return httpx.post(f"{base_url}/v1/completions", json=body, timeout=600)
+
+
+def stream_tokens(base_url: str, prompt: str, max_tokens: int,
+                  on_tokens=lambda count: None) -> tuple[list[int], list]:
+    """The streamed token ids and anything else the stream carried (errors, [DONE])."""
+    body = {"model": MODEL, "prompt": prompt, "temperature": 0, "max_tokens": max_tokens,
+            "ignore_eos": True, "stream": True, "return_token_ids": True}
+    tokens, other = [], []
+    with httpx.stream("POST", f"{base_url}/v1/completions", json=body, timeout=600) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                other.append("[DONE]")
+                continue
+            event = json.loads(line[len("data: "):])
+            if "error" in event:
+                other.append(event)
+            for choice in event.get("choices", []):
+                tokens.extend(choice.get("token_ids") or [])
+            on_tokens(len(tokens))
+    return tokens, other
+
+
+def retries(base_url: str) -> dict[tuple[str, str, str], float]:
+    """pdserve_retries_total by (stage, reason, action), from the metrics endpoint."""
+    port = CONFIG.ray.metrics_export_port
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    counts: dict[tuple[str, str, str], float] = {}
+    for line in text.splitlines():
+        if line.startswith("ray_pdserve_retries_total{"):
+            labels = dict(part.split("=", 1) for part in
+                          line[line.index("{") + 1:line.rindex("}")].split(","))
+            key = tuple(labels[name].strip('"') for name in ("stage", "reason", "action"))
+            counts[key] = counts.get(key, 0) + float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def retried(base_url: str, stage: str, action: str | None, reason: str | None = None) -> float:
+    """How many times ``stage`` failed (for ``reason``) and ``action`` followed (None: any)."""
+    return sum(count for (stage_, reason_, action_), count in retries(base_url).items()
+               if stage_ == stage and action in (None, action_) and reason in (None, reason_))
+
+
+def counted(base_url: str, stage: str, action: str | None, reason: str | None,
+            at_least: float) -> None:
+    # Ray exports a replica's metrics every few seconds.
+    wait_for(lambda: retried(base_url, stage, action, reason) >= at_least,
+             f"pdserve_retries_total{{stage={stage}, reason={reason}, action={action}}}", 60)
+
+
+# ---- the faults ---------------------------------------------------------------------------
+
+
+def _fault_midstream(base_url: str, act) -> tuple[list[int], list[int], list]:
+    """An unfaulted greedy stream, then the same one with ``act(actor, cores)`` applied
+    to its decode replica once 200 tokens arrived; both token lists and the events."""
+    prompt = unique_prompt(20)
+    expected, _ = stream_tokens(base_url, prompt, 1500)
+    midway, acted = threading.Event(), threading.Event()
+    victim: dict = {}
+    arrivals: list[tuple[float, int]] = []
+
+    def fault() -> None:
+        # Found while it computes the stream, acted on once the client holds 200 tokens.
+        victim["actor"], victim["cores"] = computing("decode")
+        if midway.wait(timeout=120):
+            act(victim["actor"], victim["cores"])
+            acted.set()
+
+    def after(count: int) -> None:
+        arrivals.append((time.monotonic(), count))
+        if count >= 200:
+            midway.set()
+
+    injector = threading.Thread(target=fault, daemon=True)
+    injector.start()
+    received, other = stream_tokens(base_url, prompt, 1500, on_tokens=after)
+    injector.join(timeout=120)
+    assert acted.is_set(), f"the fault was not injected; token arrivals: {arrivals[:3]} ... " \
+        f"{arrivals[-3:]}"
+    return expected, received, [other, victim]
+
+
+def test_a_decode_replica_killed_midstream_loses_no_token(cluster):
+    before = retried(cluster, "decode", "migrate", "unavailable")
+    expected, received, (other, victim) = _fault_midstream(
+        cluster, lambda actor, cores: os.kill(actor.pid, signal.SIGKILL))
+    assert len(expected) == 1500 and received == expected  # none lost, none repeated
+    assert other == ["[DONE]"]
+    counted(cluster, "decode", "migrate", "unavailable", before + 1)
+    nothing_leaked(cluster, [core.pid for core in victim["cores"]])
+    wait_until_whole(cluster)
+
+
+def test_a_hung_decode_engine_is_left_behind_at_its_deadline(cluster):
+    before = retried(cluster, "decode", "migrate", "deadline")
+    stopped: list[psutil.Process] = []
+
+    def stop(actor, cores) -> None:
+        for core in cores:
+            core.suspend()  # SIGSTOP: alive, answering nothing
+            stopped.append(core)
+
+    try:
+        expected, received, (other, _) = _fault_midstream(cluster, stop)
+    finally:
+        for core in stopped:
+            core.resume()
+    assert received == expected and other == ["[DONE]"]
+    counted(cluster, "decode", "migrate", "deadline", before + 1)
+    nothing_leaked(cluster)
+    wait_until_whole(cluster)
+
+
+def test_prefill_replicas_killed_midprefill_still_answer_every_token(cluster):
+    """Both prefill engines are stopped, so the request waits inside one of them; then both
+    replicas are killed: the prefill call fails, its retry finds no replica until the
+    deadline, and the decode engine prefills the prompt itself."""
+    prompt = unique_prompt(1500)  # ~7,800 tokens: through the prefill pool
+    expected = complete(cluster, prompt, max_tokens=16).json()["choices"][0]["token_ids"]
+    before = retried(cluster, "prefill", None)
+    retried_before_giving_up = retried(cluster, "prefill", "give_up")
+    pool = replicas("prefill")
+    for _, cores in pool:
+        for core in cores:
+            core.suspend()
+    answer: dict = {}
+    sender = threading.Thread(target=lambda: answer.update(
+        response=complete(cluster, prompt, max_tokens=16)), daemon=True)
+    sender.start()
+    try:
+        # Admitted, it is sent to a prefill replica at once; killed before it arrives, it
+        # waits for a replica that is not there, which ends the same way.
+        wait_for(lambda: httpx.get(f"{cluster}/admin/admission", timeout=10).json()[
+            "running"] == 1, "the request admitted", 60)
+    finally:
+        for actor, _ in pool:
+            os.kill(actor.pid, signal.SIGKILL)
+        for _, cores in pool:  # a stopped process cannot notice that its parent died
+            for core in cores:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    core.resume()
+    sender.join(timeout=300)
+    response = answer["response"]
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["token_ids"] == expected
+    # The killed replica's call fails at once (unavailable) or, sent after the kill, finds
+    # no replica until its deadline; the retry then finds a replacement or, none yet, the
+    # decode engine prefills the prompt. Either way the prefill stage failed and was retried.
+    counted(cluster, "prefill", None, None, before + 1)
+    assert retried(cluster, "prefill", "give_up") == retried_before_giving_up
+    nothing_leaked(cluster, [core.pid for _, cores in pool for core in cores])
+    wait_until_whole(cluster)
