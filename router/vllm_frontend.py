@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.config import PDServeConfig
-from cluster.engine.args import engine_kwargs
+from cluster.engine.args import frontend_kwargs
 from router.engine_client import PDEngineClient
 from router.flow import DisaggregatedFlow
 
@@ -49,7 +49,7 @@ def build_version(config: PDServeConfig, version: str, flow: DisaggregatedFlow,
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.renderers import renderer_from_config
 
-    args = AsyncEngineArgs(**engine_kwargs(config, "decode", None, version))
+    args = AsyncEngineArgs(**frontend_kwargs(config, version))
     model_config = args.create_model_config()
     vllm_config = VllmConfig(
         model_config=model_config,
