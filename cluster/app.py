@@ -49,6 +49,8 @@ def build_app(config: PDServeConfig) -> Application:
         name="router",
         num_replicas=config.router.replicas,
         max_ongoing_requests=config.router.max_ongoing_requests,
+        # Bounded in front of the router too: nothing waits in the proxy without limit.
+        max_queued_requests=config.router.max_queued_requests,
         graceful_shutdown_timeout_s=config.router.drain_timeout_s,
         ray_actor_options={"num_cpus": config.router.num_cpus},
     ).bind(config, pools, rollout)

@@ -426,6 +426,9 @@ class RouterConfig(StrictModel):
     num_cpus: float = Field(0, ge=0)
     replicas: int = Field(1, ge=1)
     max_ongoing_requests: int = Field(1024, ge=1)
+    max_queued_requests: int = Field(
+        1024, ge=1, description="requests waiting in front of the router replicas (in "
+        "Serve's proxy) beyond max_ongoing_requests each; beyond: Serve answers 503")
     drain_timeout_s: float = Field(
         300, gt=0, description="a router replica being replaced finishes its streams for "
         "at most this long"

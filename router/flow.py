@@ -146,6 +146,10 @@ class DisaggregatedFlow:
             error, action)
         self._on_retry(stage, failure, action)
 
+    async def pool_answers(self, role: str) -> None:
+        """Return once a replica of the ``role`` pool answered (raise if the call fails)."""
+        await (self._prefill if role == "prefill" else self._decode_unary).stats.remote()
+
     async def pool_stats(self) -> dict[str, dict]:
         """Statistics of one replica of each pool (the one Serve routes the call to)."""
         return {

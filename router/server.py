@@ -172,14 +172,20 @@ class Router:
 
     @app.get("/health")
     async def health(self) -> JSONResponse:
-        checks = [asyncio.ensure_future(version.client.flow.pool_stats())
-                  for version in self._versions.values()]
-        done, pending = await asyncio.wait(checks, timeout=5)
+        """200 when every pool of every version answers; else 503 naming those that do
+        not (no replica, or none answering within 5 s)."""
+        checks = {f"{role}-{name}": asyncio.ensure_future(
+                      version.client.flow.pool_answers(role))
+                  for name, version in self._versions.items()
+                  for role in ("prefill", "decode")}
+        _, pending = await asyncio.wait(checks.values(), timeout=5)
         for check in pending:
             check.cancel()
-        # any pool unreachable or slow means not ready for traffic
-        if pending or any(check.exception() is not None for check in done):
-            return error_response(service_unavailable("an engine pool is not available", 5))
+        down = sorted(pool for pool, check in checks.items()
+                      if check in pending or check.exception() is not None)
+        if down:
+            return error_response(service_unavailable(
+                f"no engine replica answers in: {', '.join(down)}", 5))
         return JSONResponse({"status": "ok"})
 
     @app.get("/v1/models")

@@ -307,6 +307,9 @@ def test_prefill_replicas_killed_midprefill_still_answer_every_token(cluster):
             for core in cores:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     core.resume()
+    # Until a replacement starts, /health names the pool that has no replica.
+    wait_for(lambda: "prefill-v1" in httpx.get(f"{cluster}/health", timeout=30).text,
+             "/health naming the empty pool", 60)
     sender.join(timeout=300)
     response = answer["response"]
     assert response.status_code == 200, response.text

@@ -396,3 +396,10 @@ def test_when_every_attempt_failed_the_failure_reaches_the_caller():
     with pytest.raises(ConnectionError):
         asyncio.run(collect(flow, "decode_local"))
     assert [action for *_, action in noted] == ["decode_local", "give_up"]
+
+
+def test_a_pools_health_is_one_answer_from_one_of_its_replicas():
+    flow, prefill, decode = flow_with(FakeStream([]))
+    asyncio.run(flow.pool_answers("prefill"))
+    asyncio.run(flow.pool_answers("decode"))
+    assert len(prefill.stats.calls) == 1 and len(decode.stats.calls) == 1
