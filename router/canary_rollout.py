@@ -184,16 +184,18 @@ class RolloutClient:
         return self._weights.get(served_name)
 
     def record(self, model: str, version: str, outcome: m.Outcome,
-               timer: RequestTimer) -> None:
-        """A request ended: what the canary gate judges (errors are the server's fault,
-        not refusals, client errors or cancellations)."""
+               timer: RequestTimer, faulted: bool = False) -> None:
+        """A request ended: what the canary gate judges. Errors are the server's fault:
+        failures, and any request a replica crash, a hung engine or a failed transfer
+        reached (``faulted``), even one a retry saved or one answered 503 in the end;
+        not refusals, client errors or cancellations."""
         if self._controller is None or model != self._canary_served_model:
             return
-        if outcome not in ("ok", "failed"):
+        if outcome not in ("ok", "failed") and not faulted:
             return
         gaps = timer.inter_token_gaps
         itl = sum(gaps) / len(gaps) if gaps else None
-        self._pending.append((version, outcome == "ok", timer.ttft, itl))
+        self._pending.append((version, outcome == "ok" and not faulted, timer.ttft, itl))
 
     async def describe(self) -> dict:
         if self._controller is None:

@@ -60,6 +60,12 @@ class PDEngineClient:
     def unregister(self, key: str) -> None:
         self._requests.pop(key, None)
 
+    def note_fault(self, request_id: str) -> None:
+        """A stage of the request with vLLM's (or a retry's) ``request_id`` failed."""
+        lifecycle = self._requests.get(request_key(request_id))
+        if lifecycle is not None:
+            lifecycle.faulted()
+
     def check_admission(self, n: int = 1, request_id: str | None = None) -> None:
         """vLLM asks before rendering; pdserve admits in ``generate``, token count known."""
 

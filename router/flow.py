@@ -34,10 +34,11 @@ class DisaggregatedFlow:
                  deadlines: Deadlines | None = None,
                  classify: Callable[[BaseException], Failure] | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 on_retry: Callable[[str, Failure, Action], None] | None = None):
+                 on_retry: Callable[[str, Failure, Action, str], None] | None = None):
         """Without ``retry`` nothing is retried; without ``deadlines`` nothing times out.
         ``classify`` tells the policy what a failure was (default: Ray's and vLLM's
-        exception types, router.failures); ``on_retry(stage, failure, action)`` counts."""
+        exception types, router.failures); ``on_retry(stage, failure, action,
+        request_id)`` counts each decision."""
         self._prefill = prefill_handle
         self._decode = decode_handle.options(stream=True)
         self._decode_unary = decode_handle
@@ -47,7 +48,7 @@ class DisaggregatedFlow:
                                                  token_gap_s=None)
         self._classify = classify or _failure_kind
         self._clock = clock
-        self._on_retry = on_retry or (lambda stage, failure, action: None)
+        self._on_retry = on_retry or (lambda stage, failure, action, request_id: None)
 
     async def generate(
         self, request: EngineRequest, path: Route = "disaggregated", *, one_piece: bool = False,
@@ -144,7 +145,7 @@ class DisaggregatedFlow:
         log = logger.error if action == "give_up" else logger.warning
         log("request %s: %s failed (%s: %r); %s", request.request_id, stage, failure,
             error, action)
-        self._on_retry(stage, failure, action)
+        self._on_retry(stage, failure, action, request.request_id)
 
     async def pool_answers(self, role: str) -> None:
         """Return once a replica of the ``role`` pool answered (raise if the call fails)."""

@@ -63,6 +63,10 @@ class RequestLifecycle:
         """A ``RequestOutput`` delta arrived: time its new tokens."""
         self._observer.tokens(sum(len(choice.token_ids) for choice in output.outputs))
 
+    def faulted(self) -> None:
+        """A stage failed on the way (retried or not): the canary gate counts it."""
+        self._observer.faulted()
+
     def record_failure(self, error: BaseException) -> None:
         """Keep the first failure: the router answers it (and counts it by its status)."""
         if self.failure is None:

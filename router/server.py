@@ -12,6 +12,7 @@ instead of becoming an error inside a 200 stream.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import random
@@ -148,7 +149,8 @@ class Router:
             flow = DisaggregatedFlow(
                 pools[name]["prefill"], pools[name]["decode"],
                 retry=RetryPolicy.from_config(config.router.retries),
-                deadlines=config.router.deadlines, on_retry=retry_counter(name))
+                deadlines=config.router.deadlines,
+                on_retry=retry_counter(name, functools.partial(self._fault_seen, name)))
             served = [served for served, weights in config.served_models.items()
                       if weights.get(name) is not None]
             self._versions[name] = build_version(config, name, flow, served)
@@ -240,6 +242,10 @@ class Router:
     async def detokenize(self, request: Request) -> JSONResponse:
         """vLLM's ``/detokenize``: token ids back to text."""
         return await self._tokenization(request, "detokenize")
+
+    def _fault_seen(self, version: str, request_id: str) -> None:
+        """A stage of a request of ``version`` failed: its canary sample says so."""
+        self._versions[version].client.note_fault(request_id)
 
     # ---- who, and which version ------------------------------------------------------
 

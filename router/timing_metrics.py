@@ -25,12 +25,15 @@ def count_refusal(status: int, model: str = UNKNOWN, version: str = UNKNOWN) -> 
     RECORDER.inc(m.REQUESTS, tags)
 
 
-def retry_counter(version: str) -> Callable[[str, str, str], None]:
+def retry_counter(version: str, on_fault: Callable[[str], None] = lambda request_id: None,
+                  ) -> Callable[[str, str, str, str], None]:
     """What the flow of ``version`` calls when a stage failed: counts it with the action
-    the retry policy chose (``pdserve_retries_total``)."""
-    def count(stage: str, reason: str, action: str) -> None:
+    the retry policy chose (``pdserve_retries_total``) and tells ``on_fault`` which
+    request it was."""
+    def count(stage: str, reason: str, action: str, request_id: str) -> None:
         RECORDER.inc(m.RETRIES, {"version": version, "stage": stage, "reason": reason,
                                  "action": action})
+        on_fault(request_id)
     return count
 
 
@@ -38,21 +41,28 @@ class RequestObserver:
     """Times one admitted request and records its metrics exactly once when it ends."""
 
     def __init__(self, model: str, version: str, arrival: float, clock=time.monotonic,
-                 on_finish: Callable[[str, str, m.Outcome, RequestTimer], None] | None = None):
-        """``on_finish(model, version, outcome, timer)`` is called once when it ends (the
-        canary gate's samples)."""
+                 on_finish: Callable[[str, str, m.Outcome, RequestTimer, bool], None]
+                 | None = None):
+        """``on_finish(model, version, outcome, timer, faulted)`` is called once when it
+        ends (the canary gate's samples); ``faulted``: a stage of it failed on the way,
+        whether or not a retry saved it."""
         # The path is known once the prompt is rendered (``routed``).
         self._tags = {"model": model, "version": version, "path": UNKNOWN}
         self._on_finish = on_finish
         self._clock = clock
         self._prompt_tokens = 0
         self._done = False
+        self._faulted = False
         self.timer = RequestTimer(arrival=arrival)
 
     def routed(self, path: str, prompt_tokens: int) -> None:
         """The rendered prompt's length and the path it takes (prompts of a batch add up)."""
         self._tags["path"] = path
         self._prompt_tokens += prompt_tokens
+
+    def faulted(self) -> None:
+        """A stage of this request failed (the retry policy decided what followed)."""
+        self._faulted = True
 
     def dispatched(self) -> None:
         self.timer.dispatch(self._clock())
@@ -66,7 +76,8 @@ class RequestObserver:
             return
         self._done = True
         if self._on_finish is not None:
-            self._on_finish(self._tags["model"], self._tags["version"], outcome, self.timer)
+            self._on_finish(self._tags["model"], self._tags["version"], outcome, self.timer,
+                            self._faulted)
         RECORDER.inc(m.REQUESTS, {**self._tags, "outcome": outcome})
         timer = self.timer
         if timer.queue_time is not None:

@@ -293,6 +293,23 @@ def test_the_client_sends_outcomes_every_sync_period_and_takes_the_weights_back(
     asyncio.run(scenario())
 
 
+def test_a_request_a_fault_reached_counts_against_its_version_even_when_saved():
+    async def scenario():
+        gate_time, client_time = FakeClock(), FakeClock()
+        handle = ControllerHandle(controller_at(gate_time))
+        client = RolloutClient(handle, SERVED, "chat", sleep=client_time.sleep)
+        client.weights("chat")  # starts the sync loop
+        await eventually(lambda: client_time.wake_times == [SYNC_PERIOD_S])
+        client.record("chat", "v2", "ok", TIMER, faulted=True)        # migrated: whole
+        client.record("chat", "v2", "rejected", TIMER, faulted=True)  # every attempt failed
+        client.record("chat", "v2", "client_error", TIMER)
+        client_time.advance(SYNC_PERIOD_S)
+        await eventually(lambda: client_time.wake_times == [2 * SYNC_PERIOD_S])
+        assert handle.sync.calls[1] == ([("v2", False, TIMER.ttft, MEAN_ITL)] * 2,)
+
+    asyncio.run(scenario())
+
+
 def test_while_the_controller_is_unreachable_the_client_keeps_its_weights_and_outcomes():
     async def scenario():
         gate_time, client_time = FakeClock(), FakeClock()

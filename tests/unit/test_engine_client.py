@@ -80,3 +80,13 @@ def test_a_request_is_found_while_registered_and_unregistering_twice_is_harmless
     engine.unregister("0123abcd")
     engine.unregister("0123abcd")
     assert engine._requests == {}
+
+
+def test_a_fault_is_noted_on_the_request_a_retry_id_leads_back_to():
+    engine = client()
+    noted = []
+    engine.register("0123abcd", SimpleNamespace(faulted=lambda: noted.append("fault")))
+    engine.note_fault("cmpl-0123abcd-0-retry1")   # a retry's engine request id
+    engine.note_fault("chatcmpl-0123abcd")
+    engine.note_fault("chatcmpl-ffff0000")          # no longer registered: nothing to note
+    assert noted == ["fault", "fault"]

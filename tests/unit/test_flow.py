@@ -318,7 +318,8 @@ def retrying(prefill, decode, **deadlines):
             "deadline" if isinstance(error, TimeoutError) else "unavailable"),
         deadlines=Deadlines(**{"prefill_s": None, "first_token_s": None,
                                "token_gap_s": None, **deadlines}),
-        on_retry=lambda stage, failure, action: noted.append((stage, failure, action)))
+        on_retry=lambda stage, failure, action, request_id: noted.append(
+            (stage, failure, action)))
     return flow, noted
 
 

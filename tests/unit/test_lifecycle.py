@@ -259,3 +259,19 @@ def test_the_first_outcome_is_the_one_counted(monkeypatch):
     cycle.finish("ok")
     cycle.finish("cancelled")
     assert [tags["outcome"] for tags in recorder.requests()] == ["failed"]
+
+
+def test_a_fault_on_the_way_reaches_the_canary_sample_not_the_outcome(monkeypatch):
+    recorder = FakeRecorder()
+    monkeypatch.setattr(timing_metrics, "RECORDER", recorder)
+    samples = []
+    observer = RequestObserver("m", "v1", arrival=0.0, clock=FakeClock(),
+                               on_finish=lambda *sample: samples.append(sample))
+    cycle, _ = lifecycle(FakeGate(), observer)
+    cycle.faulted()   # a decode replica died; the stream was migrated
+    cycle.finish("ok")
+    (model, version, outcome, _, faulted), = samples
+    assert (model, version, outcome, faulted) == ("m", "v1", "ok", True)
+    outcomes = [tags["outcome"] for name, tags, _ in recorder.counted
+                if name == m.REQUESTS.name]
+    assert outcomes == ["ok"]  # the client got its whole answer
