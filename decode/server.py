@@ -36,3 +36,8 @@ class DecodeServer(EngineReplica):
             output.prompt_token_ids = None
             output.prompt = None
             yield output
+
+    async def release_handle(self, request_id: str, handle: KVHandle) -> None:
+        """Give up ``handle``: its prefill engine frees the blocks at once (the decode that
+        was to pull them failed before its first token, and the retry prefills anew)."""
+        await self._host.reject_transfer(request_id, handle.to_params())

@@ -49,6 +49,7 @@ class DisaggregatedFlow:
         self._classify = classify or _failure_kind
         self._clock = clock
         self._on_retry = on_retry or (lambda stage, failure, action, request_id: None)
+        self._releases: set[asyncio.Future] = set()
 
     async def generate(
         self, request: EngineRequest, path: Route = "disaggregated", *, one_piece: bool = False,
@@ -121,6 +122,8 @@ class DisaggregatedFlow:
                     constrained=getattr(request.sampling, "structured_outputs", None)
                     is not None)
                 self._note("decode", request, error, failure, action)
+                if handle is not None and not sent:  # nobody will pull them now: free them
+                    self._release(f"{current.request_id}-release", handle)
                 if action == "give_up":
                     raise
                 handle = None  # the retry or continuation prefills on its decode engine
@@ -132,6 +135,20 @@ class DisaggregatedFlow:
                     stream.cancel()
                     logger.info("request %s stopped before it finished; aborted",
                                 current.request_id)
+
+    def _release(self, request_id: str, handle) -> None:
+        """Ask a decode replica, in the background, to give ``handle`` up (vLLM's
+        rejected-transfer notification); a failure only leaves the blocks to their lease."""
+        async def release() -> None:
+            try:
+                await self._decode_unary.release_handle.remote(request_id, handle)
+            except Exception as error:
+                logger.warning("request %s: releasing its KV handle failed (%r); its "
+                               "blocks are freed when their lease expires", request_id, error)
+
+        task = asyncio.ensure_future(release())
+        self._releases.add(task)  # kept referenced until done
+        task.add_done_callback(self._releases.discard)
 
     def _first_output_deadline(self, request: EngineRequest, one_piece: bool) -> float | None:
         first, gap = self._deadlines.first_token_s, self._deadlines.token_gap_s

@@ -154,6 +154,11 @@ class EngineHost:
     async def check_health(self) -> None:
         await self._engine.check_health()
 
+    async def reject_transfer(self, request_id: str, kv_transfer_params: dict) -> None:
+        """Tell the prefill engine behind ``kv_transfer_params`` that nobody will pull
+        them, so it frees their blocks now instead of when their lease expires."""
+        await self._engine.notify_kv_transfer_request_rejected(request_id, kv_transfer_params)
+
     def shutdown(self) -> None:
         self._stop.set()
         self._engine.shutdown()

@@ -127,6 +127,10 @@ class FakeDecode:
         self.streaming = False
         self.generate = Method(lambda request, handle: stream)
         self.stats = Method(self._stats)
+        self.release_handle = Method(self._release)
+
+    async def _release(self, request_id, handle) -> None:
+        pass
 
     def options(self, stream: bool = False) -> FakeDecode:
         twin = FakeDecode(self.stream)
@@ -359,6 +363,8 @@ def test_a_decode_that_fails_before_its_first_token_runs_again_decode_local():
     assert again.prompt_token_ids == REQUEST.prompt_token_ids
     assert again.request_id != REQUEST.request_id  # the dead engine may still hold the id
     assert dead.cancelled and noted == [("decode", "unavailable", "decode_local")]
+    # The handle nobody will pull now is given up, so the prefill engine frees its blocks.
+    assert [handle for _, handle in decode.release_handle.calls] == [KV]
 
 
 def test_a_decode_that_fails_midstream_is_continued_with_the_tokens_already_sent():
@@ -374,6 +380,7 @@ def test_a_decode_that_fails_midstream_is_continued_with_the_tokens_already_sent
     assert continued.sampling.max_tokens == REQUEST.sampling.max_tokens - 1
     assert REQUEST.sampling.max_tokens == 3  # the client's request is left as it was
     assert noted == [("decode", "unavailable", "migrate")]
+    assert decode.release_handle.calls == []  # pulled already: tokens came from it
 
 
 def test_a_hung_decode_passes_its_gap_deadline_and_is_continued():
