@@ -404,6 +404,9 @@ class RetryConfig(StrictModel):
         "sent (0: a stream that loses its replica ends with an error event)")
     max_retry_s: float = Field(
         60, gt=0, description="no retry starts this long after the request arrived")
+    prefill_cooldown_s: float = Field(
+        10, ge=0, description="after the prefill pool failed a request, prompts are "
+        "prefilled by the decode engines for this long instead of waiting for it")
 
 
 class Deadlines(StrictModel):

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from cluster.config import Deadlines
 from cluster.engine.messages import EngineRequest, PrefillResult
 from router.disaggregation import Route
-from router.retry import Action, Failure, RetryPolicy
+from router.retry import Action, Failure, PoolBreaker, RetryPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -43,13 +43,14 @@ class DisaggregatedFlow:
         self._decode = decode_handle.options(stream=True)
         self._decode_unary = decode_handle
         self._retry = retry or RetryPolicy(prefill_attempts=1, decode_attempts=1,
-                                           max_migrations=0)
+                                           max_migrations=0, prefill_cooldown_s=0)
         self._deadlines = deadlines or Deadlines(prefill_s=None, first_token_s=None,
                                                  token_gap_s=None)
         self._classify = classify or _failure_kind
         self._clock = clock
         self._on_retry = on_retry or (lambda stage, failure, action, request_id: None)
         self._releases: set[asyncio.Future] = set()
+        self._prefill_breaker = PoolBreaker(self._retry.prefill_cooldown_s)
 
     async def generate(
         self, request: EngineRequest, path: Route = "disaggregated", *, one_piece: bool = False,
@@ -66,6 +67,10 @@ class DisaggregatedFlow:
         """
         start = self._clock()
         handle = None
+        if path == "disaggregated" and not self._prefill_breaker.allows(start):
+            logger.info("request %s: the prefill pool failed moments ago; the decode "
+                        "engine prefills it", request.request_id)
+            path = "decode_local"
         if path == "disaggregated":
             handle = await self._prefill_with_retries(request, start)
         async for output in self._decode_with_retries(request, handle, start, one_piece):
@@ -81,6 +86,7 @@ class DisaggregatedFlow:
                 # call too (Serve propagates cancellation): vLLM aborts it, frees its blocks.
                 result: PrefillResult = await _within(
                     self._prefill.prefill.remote(request), self._deadlines.prefill_s)
+                self._prefill_breaker.succeeded()
                 return result.handle
             except Exception as error:  # not CancelledError: the client left
                 failure = self._classify(error)
@@ -90,6 +96,9 @@ class DisaggregatedFlow:
                 if action == "give_up":
                     raise
                 if action == "decode_local":
+                    # Every attempt failed: the pool as a whole, not one replica. Spare the
+                    # next prompts the wait (router/retry.py, PoolBreaker).
+                    self._prefill_breaker.failed(self._clock())
                     return None
 
     async def _decode_with_retries(self, request: EngineRequest, handle, start: float,

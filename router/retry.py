@@ -38,11 +38,14 @@ class RetryPolicy:
     max_migrations: int = 2       # continuations after tokens were sent
     max_retry_s: float = 60.0     # no new attempt this long after the request started
 
+    prefill_cooldown_s: float = 10.0  # after a prefill pool failure, prompts skip it
+
     @classmethod
     def from_config(cls, config: RetryConfig) -> RetryPolicy:
         return cls(prefill_attempts=config.prefill_attempts,
                    decode_attempts=config.decode_attempts,
-                   max_migrations=config.max_migrations, max_retry_s=config.max_retry_s)
+                   max_migrations=config.max_migrations, max_retry_s=config.max_retry_s,
+                   prefill_cooldown_s=config.prefill_cooldown_s)
 
     def after_prefill_failure(self, failure: Failure, attempts: int,
                               elapsed_s: float) -> Action:
@@ -71,3 +74,28 @@ class RetryPolicy:
         if choices > 1 or constrained or migrations >= self.max_migrations:
             return "give_up"
         return "migrate"
+
+
+class PoolBreaker:
+    """Whether to send prompts to a pool that just failed (a circuit breaker; time passed in).
+
+    The flow opens it when a prompt failed on every prefill attempt (the pool as a whole,
+    not one replica, which a retry gets past). The pool is then skipped for
+    ``cooldown_s``: while its replicas are being
+    replaced, Serve would hold each new prompt until one is up (tens of seconds), when the
+    decode engine could prefill it at once. After the cooldown prompts try the pool again;
+    a success closes the breaker, a failure opens it for another cooldown.
+    """
+
+    def __init__(self, cooldown_s: float):
+        self.cooldown_s = cooldown_s
+        self._open_until = float("-inf")
+
+    def allows(self, now: float) -> bool:
+        return now >= self._open_until
+
+    def failed(self, now: float) -> None:
+        self._open_until = now + self.cooldown_s
+
+    def succeeded(self) -> None:
+        self._open_until = float("-inf")

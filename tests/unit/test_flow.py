@@ -411,3 +411,32 @@ def test_a_pools_health_is_one_answer_from_one_of_its_replicas():
     asyncio.run(flow.pool_answers("prefill"))
     asyncio.run(flow.pool_answers("decode"))
     assert len(prefill.stats.calls) == 1 and len(decode.stats.calls) == 1
+
+
+def with_breaker(prefill_failures: int):
+    """A flow with a 10 s prefill cooldown on a clock the test moves."""
+    clock = SimpleNamespace(now=0.0)
+    prefill, decode = FlakyPrefill(prefill_failures), FakeDecode(FakeStream([]))
+    decode.generate = Method(lambda request, handle: FakeStream(outputs(1)))
+    flow = DisaggregatedFlow(prefill, decode, retry=RetryPolicy(prefill_cooldown_s=10),
+                             classify=lambda error: "unavailable", clock=lambda: clock.now)
+    return flow, prefill, decode, clock
+
+
+def test_after_the_prefill_pool_failed_as_a_whole_prompts_skip_it_for_a_while():
+    flow, prefill, decode, clock = with_breaker(prefill_failures=2)
+    asyncio.run(collect(flow, "disaggregated"))      # both attempts fail: decode-local
+    assert len(prefill.prefill.calls) == 2
+    clock.now = 9.0
+    asyncio.run(collect(flow, "disaggregated"))      # the pool is skipped: no wait for it
+    assert len(prefill.prefill.calls) == 2 and decode.generate.calls[-1][1] is None
+    clock.now = 10.0
+    asyncio.run(collect(flow, "disaggregated"))      # tried again, and it answers now
+    assert len(prefill.prefill.calls) == 3 and decode.generate.calls[-1][1] == KV
+
+
+def test_one_failed_prefill_attempt_saved_by_its_retry_does_not_close_the_pool():
+    flow, prefill, _, _ = with_breaker(prefill_failures=1)
+    asyncio.run(collect(flow, "disaggregated"))
+    asyncio.run(collect(flow, "disaggregated"))
+    assert len(prefill.prefill.calls) == 3  # the second request went to the pool

@@ -58,3 +58,17 @@ def test_the_policy_comes_from_the_config():
 
     assert RetryPolicy.from_config(RetryConfig()) == RetryPolicy()
     assert RetryPolicy.from_config(RetryConfig(max_migrations=0)).max_migrations == 0
+
+
+def test_a_breaker_skips_a_failed_pool_for_its_cooldown_then_tries_again():
+    from router.retry import PoolBreaker
+
+    breaker = PoolBreaker(cooldown_s=10)
+    assert breaker.allows(0)
+    breaker.failed(now=5)
+    assert not breaker.allows(5) and not breaker.allows(14.9)
+    assert breaker.allows(15)           # half open: prompts try the pool again
+    breaker.failed(now=15)              # ... and it failed again
+    assert not breaker.allows(20)
+    breaker.succeeded()
+    assert breaker.allows(20)
