@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.config import PDServeConfig
-from cluster.engine.args import frontend_kwargs
+from cluster.engine.args import engine_kwargs
 from router.engine_client import PDEngineClient
 from router.flow import DisaggregatedFlow
 
@@ -49,7 +49,7 @@ def build_version(config: PDServeConfig, version: str, flow: DisaggregatedFlow,
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.renderers import renderer_from_config
 
-    args = AsyncEngineArgs(**frontend_kwargs(config, version))
+    args = AsyncEngineArgs(**engine_kwargs(config, "decode", None, version))
     model_config = args.create_model_config()
     vllm_config = VllmConfig(
         model_config=model_config,
@@ -61,11 +61,18 @@ def build_version(config: PDServeConfig, version: str, flow: DisaggregatedFlow,
         disaggregation_threshold=config.router.disaggregation_threshold_tokens,
     )
     checkpoint = config.versions[version]
-    return VersionFrontends(client, {
+    frontends = {
         name: _frontend(client, name, str(checkpoint.path), checkpoint.tool_parser,
                         checkpoint.reasoning_parser)
         for name in served_names
-    })
+    }
+    for frontend in frontends.values():
+        # A chat without max_tokens gets the router's default (vLLM's own is all the
+        # context the prompt leaves, which admission would have to reserve). Only the
+        # fallback: vLLM's max_new_tokens override would also cap requests that ask more.
+        frontend.chat.default_sampling_params.setdefault(
+            "max_tokens", config.router.default_max_tokens)
+    return VersionFrontends(client, frontends)
 
 
 def _frontend(client: PDEngineClient, served_name: str, model_path: str,

@@ -92,28 +92,14 @@ def engine_settings_env(config: PDServeConfig, role: Role,
     return env
 
 
-def frontend_kwargs(config: PDServeConfig, version: str | None = None,
-                    role: Role = "decode") -> dict[str, Any]:
-    """The engine arguments vLLM's OpenAI layer in the router is configured from: the
-    version's decode engines' own, with ``router.default_max_tokens`` as the generation
-    default a request without ``max_tokens`` gets (vLLM's ``max_new_tokens`` override; its
-    own default is all the context the prompt leaves, which admission would reserve)."""
-    kwargs = engine_kwargs(config, role, None, version)
-    overrides = dict(kwargs.get("override_generation_config") or {})
-    overrides.setdefault("max_new_tokens", config.router.default_max_tokens)
-    kwargs["override_generation_config"] = overrides
-    return kwargs
-
-
 def baseline_flags(config: PDServeConfig, role: Role = "decode") -> list[str]:
     """Command-line flags of vLLM's OpenAI server running the ``role`` pool's engine.
 
     The same ``engine_kwargs`` as that pool's replicas of the primary version (``extra``
-    and the pool's overrides included), without KV transfer, with the router's default
-    ``max_tokens`` (``frontend_kwargs``), and serving the model under the name clients ask
-    for rather than the version's name.
+    and the pool's overrides included), without KV transfer, and serving the model under
+    the name clients ask for rather than the version's name.
     """
-    kwargs = frontend_kwargs(config, role=role)  # answers as pdserve's router does
+    kwargs = engine_kwargs(config, role, None)
     kwargs["served_model_name"] = config.model.name
     return cli_flags(kwargs)
 

@@ -143,11 +143,14 @@ def test_a_unary_chat_is_rendered_admitted_merged_and_named_as_asked(version):
     assert observer.tokens_seen == 12
 
 
-def test_a_chat_without_max_tokens_gets_the_routers_default(version):
+def test_a_chat_without_max_tokens_gets_the_routers_default_and_only_then(version):
     # (a completion's max_tokens defaults to 16 in the request model itself, as OpenAI's)
     _, flow = version
-    serve(version, "chat", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
+    hi = [{"role": "user", "content": "hi"}]
+    serve(version, "chat", {"model": "tiny", "messages": hi})
     assert flow.requests[-1][0].sampling.max_tokens == 256  # router.default_max_tokens
+    serve(version, "chat", {"model": "tiny", "messages": hi, "max_tokens": 700})
+    assert flow.requests[-1][0].sampling.max_tokens == 700  # a default, never a cap
 
 
 def test_a_stream_carries_vllms_deltas_and_usage(version):

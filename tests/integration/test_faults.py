@@ -321,3 +321,26 @@ def test_prefill_replicas_killed_midprefill_still_answer_every_token(cluster):
     assert retried(cluster, "prefill", "give_up") == retried_before_giving_up
     nothing_leaked(cluster, [core.pid for _, cores in pool for core in cores])
     wait_until_whole(cluster)
+
+
+def test_an_engine_dead_inside_a_live_replica_costs_no_500_and_is_replaced(cluster):
+    """SIGKILL of a decode replica's EngineCore only: the actor lives on with a dead engine.
+    Requests that reach it fail over (never a 500), and Serve's health check replaces it."""
+    actor, cores = replicas("decode")[0]
+    for core in cores:
+        os.kill(core.pid, signal.SIGKILL)
+    statuses = set()
+
+    def replaced() -> bool:
+        # A few requests at a time while the replica is dead, then replaced: each is
+        # answered whole, or refused as retryable, never with a server error.
+        for _ in range(3):
+            response = complete(cluster, unique_prompt(4), max_tokens=4)
+            statuses.add(response.status_code)
+            assert response.status_code in (200, 503), response.text
+        return not actor.is_running() or actor.status() == psutil.STATUS_ZOMBIE
+
+    wait_for(replaced, "the replica with the dead engine replaced", RECOVERY_S)
+    assert 200 in statuses
+    nothing_leaked(cluster, [core.pid for core in cores])
+    wait_until_whole(cluster)

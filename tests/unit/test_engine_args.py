@@ -1,7 +1,5 @@
 """Engine arguments, environment and deployment options derived from the config."""
 
-import json
-
 import pytest
 
 from cluster.config import parse_config
@@ -128,18 +126,3 @@ def test_engine_stats_idle_only_when_nothing_held():
     snapshot = stats.snapshot()
     assert snapshot["is_idle"] and snapshot["prompt_tokens_transferred"] == 96
     assert snapshot["kv_bytes_transferred"] == 4096 and snapshot["requests_finished"] == 1
-
-
-def test_the_routers_default_max_tokens_is_vllms_generation_default():
-    from cluster.engine.args import frontend_kwargs
-
-    config = parse_config({"model": {"name": "m", "path": "/models/m"},
-                           "router": {"default_max_tokens": 300}})
-    assert frontend_kwargs(config)["override_generation_config"] == {"max_new_tokens": 300}
-    assert "override_generation_config" not in engine_kwargs(config, "decode", None)
-    flags = flag_values(baseline_flags(config))  # the baseline server answers the same way
-    assert json.loads(flags["--override-generation-config"][0]) == {"max_new_tokens": 300}
-    other = parse_config({"model": {"name": "m", "path": "/models/m"}, "engine": {
-        "extra": {"override_generation_config": {"temperature": 0.5}}}})
-    assert frontend_kwargs(other)["override_generation_config"] == {
-        "temperature": 0.5, "max_new_tokens": 256}
