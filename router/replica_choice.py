@@ -202,6 +202,7 @@ class ReplicaLoad:
     kv_usage: float = 0.0
     max_num_seqs: int | None = None
     stale: bool = False
+    dead: bool = False           # its engine died; the replica lives until Serve replaces it
     pending_tokens: int = 0
     pending_requests: int = 0
 
@@ -227,7 +228,7 @@ def load_from_stats(
 
     Missing keys read as zero (a replica that has not reported yet is empty); a value of
     the wrong type reads as missing. Stale: the report carries ``reported_at`` and it is
-    older than ``stale_after_s``.
+    older than ``stale_after_s``. Dead: the replica reported that its engine died.
     """
     stats = stats or {}
     reported_at = _number(stats.get("reported_at"))
@@ -240,6 +241,7 @@ def load_from_stats(
         kv_usage=min(1.0, max(0.0, float(_number(stats.get("kv_usage")) or 0.0))),
         max_num_seqs=int(max_num_seqs) if max_num_seqs and max_num_seqs >= 1 else None,
         stale=reported_at is not None and now - reported_at > stale_after_s,
+        dead=bool(_number(stats.get("engine_dead"))),
         pending_tokens=pending_tokens,
         pending_requests=pending_requests,
     )
@@ -307,11 +309,12 @@ def rank_prefill(
     queue exceeds the shortest current queue by more than ``max_imbalance_tokens``, so the
     first choice's queue never exceeds the shortest by more than
     ``min(max_imbalance_tokens, its saving)``. Ties prefer the larger saving, then the
-    shorter queue. Replicas with stale stats come last.
+    shorter queue. Replicas with stale stats come last, and those with a dead engine after
+    them (tried only when nothing else is left).
     """
     if not loads:
         return PrefillChoice((), 0)
-    current = [load for load in loads if not load.stale] or list(loads)
+    current = [load for load in loads if not (load.stale or load.dead)] or list(loads)
     shortest = min(load.prefill_queue for load in current)
     tie = _tie_breaks(loads, rng)
 
@@ -324,7 +327,8 @@ def rank_prefill(
     def key(load: ReplicaLoad):
         saved = saving(load)
         cost = load.prefill_queue + prompt_tokens - saved
-        return (load.stale, cost, -saved, load.prefill_queue, tie[load.replica_id])
+        return (load.dead, load.stale, cost, -saved, load.prefill_queue,
+                tie[load.replica_id])
 
     ranked = sorted(loads, key=key)
     return PrefillChoice(tuple(load.replica_id for load in ranked), saving(ranked[0]))
@@ -365,11 +369,13 @@ def decode_score(load: ReplicaLoad, policy: DecodePolicy) -> float:
 def rank_decode(
     loads: Sequence[ReplicaLoad], policy: DecodePolicy, rng: random.Random | None = None
 ) -> tuple[ReplicaId, ...]:
-    """Every candidate, least loaded first; above the KV high-water mark next; stale last."""
+    """Every candidate, least loaded first; above the KV high-water mark next; stale
+    after them; a replica whose engine died last of all."""
     tie = _tie_breaks(loads, rng)
 
     def key(load: ReplicaLoad):
         full = load.kv_usage >= policy.kv_high_water
-        return (load.stale, full, decode_score(load, policy), tie[load.replica_id])
+        return (load.dead, load.stale, full, decode_score(load, policy),
+                tie[load.replica_id])
 
     return tuple(load.replica_id for load in sorted(loads, key=key))

@@ -148,6 +148,11 @@ class EngineHost:
     def max_num_seqs(self) -> int:
         return self._engine.vllm_config.scheduler_config.max_num_seqs
 
+    @property
+    def engine_dead(self) -> bool:
+        """The engine's core process died; this replica cannot serve until replaced."""
+        return self._engine.errored
+
     async def abort(self, request_id: str) -> None:
         await self._engine.abort(request_id)
 
@@ -292,7 +297,7 @@ class EngineReplica:
     async def record_routing_stats(self) -> dict:
         """This replica's load for the pool's request router (Serve polls it every ~1 s)."""
         return routing_stats_from(self._host.stats, max_num_seqs=self._host.max_num_seqs,
-                                  reported_at=time.time())
+                                  reported_at=time.time(), engine_dead=self._host.engine_dead)
 
     async def check_health(self) -> None:
         await self._host.check_health()

@@ -11,6 +11,8 @@ Keys:
 - ``running_seqs`` / ``waiting_seqs``: the scheduler's running and waiting requests.
 - ``kv_usage``: share of the KV cache in use, 0..1.
 - ``max_num_seqs``: the engine's sequence limit (when known), to make counts relative.
+- ``engine_dead``: 1 when the replica's engine died (the actor lives on until Serve's
+  health check replaces it); routers rank it last. Absent otherwise.
 - ``reported_at``: wall-clock time of the report (when given). Routers use it to drop
   their own tally of requests the report already includes, and to rank a replica whose
   reports stopped coming last.
@@ -26,6 +28,7 @@ def routing_stats_from(
     *,
     max_num_seqs: int | None = None,
     reported_at: float | None = None,
+    engine_dead: bool = False,
 ) -> dict[str, int | float]:
     """The routing-stats dict of one engine, from its ``EngineStats``."""
     report: dict[str, int | float] = {
@@ -38,4 +41,6 @@ def routing_stats_from(
         report["max_num_seqs"] = max_num_seqs
     if reported_at is not None:
         report["reported_at"] = reported_at
+    if engine_dead:
+        report["engine_dead"] = 1
     return report

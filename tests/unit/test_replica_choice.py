@@ -335,3 +335,30 @@ def test_policies_are_built_from_the_routing_config_and_the_engines():
         stale_after_s=5.0)
     assert DecodePolicy.from_config(defaults.decode, 256) == DecodePolicy(
         kv_weight=1.0, kv_high_water=0.95, default_max_num_seqs=256, stale_after_s=5.0)
+
+
+# -- a replica whose engine died ----------------------------------------------------------
+
+
+def test_a_report_of_a_dead_engine_marks_its_replica_dead():
+    from cluster.engine.routing_stats import routing_stats_from
+    from cluster.engine.stats import EngineStats
+
+    report = routing_stats_from(EngineStats(role="decode", engine_id="d"), reported_at=5.0,
+                                engine_dead=True)
+    assert load_from_stats("r", report, now=5.0, stale_after_s=5).dead
+    alive = routing_stats_from(EngineStats(role="decode", engine_id="d"), reported_at=5.0)
+    assert "engine_dead" not in alive
+    assert not load_from_stats("r", alive, now=5.0, stale_after_s=5).dead
+
+
+def test_a_replica_with_a_dead_engine_ranks_last_in_both_pools_even_idle_and_fresh():
+    # An idle replica with a dead engine looked like the least loaded one: every request
+    # and every retry went to it until Serve replaced it.
+    dead = ReplicaLoad("dead", dead=True)
+    busy = ReplicaLoad("busy", queued_prefill_tokens=9000, running_seqs=200, kv_usage=0.99)
+    stale = ReplicaLoad("stale", stale=True)
+    assert rank_prefill(100, {"dead": 9}, [dead, busy, stale], POLICY).ranking == (
+        "busy", "stale", "dead")
+    assert rank_decode([dead, busy, stale], DECODE) == ("busy", "stale", "dead")
+    assert rank_decode([dead], DECODE) == ("dead",)  # nothing else: still a candidate
