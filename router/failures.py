@@ -10,10 +10,8 @@ import logging
 
 from fastapi.responses import JSONResponse
 
-from cluster.metrics import outcome_for_status
 from router.errors import APIError, internal_error, service_unavailable
 from router.retry import Failure
-from router.timing_metrics import RequestObserver
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +21,13 @@ def error_response(error: APIError, request_id: str | None = None) -> JSONRespon
     if request_id:
         headers["x-request-id"] = request_id
     return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+def _raised(error: BaseException) -> BaseException:
+    """What a replica raised: Ray wraps an exception inside a replica in ``RayTaskError``."""
+    from ray import exceptions as ray_exceptions
+
+    return error.cause if isinstance(error, ray_exceptions.RayTaskError) else error
 
 
 def failure_kind(error: BaseException) -> Failure:
@@ -38,8 +43,7 @@ def failure_kind(error: BaseException) -> Failure:
     from vllm.exceptions import VLLMClientError
     from vllm.v1.engine.exceptions import EngineDeadError
 
-    if isinstance(error, ray_exceptions.RayTaskError):
-        error = error.cause
+    error = _raised(error)
     if isinstance(error, serve_exceptions.BackPressureError
                   | serve_exceptions.DeploymentUnavailableError
                   | ray_exceptions.RayActorError | ray_exceptions.ActorUnavailableError
@@ -65,25 +69,16 @@ def client_error(error: BaseException, request_id: str) -> APIError:
     return internal_error(request_id)
 
 
-def failed_response(error: Exception, request_id: str, observer: RequestObserver) -> JSONResponse:
-    """The answer to a request that failed inside the pools, counted once in the metrics."""
-    api_error = client_error(error, request_id)
-    observer.finish(outcome_for_status(api_error.status))
-    return error_response(api_error, request_id)
-
-
 def vllm_error_response(error: BaseException) -> JSONResponse | None:
     """vLLM's own answer to an error of its request handling (invalid sampling parameters,
     a grammar it cannot compile, ...), as its server gives it; None for other failures.
 
     An engine-side error arrives wrapped by Ray: its cause is what vLLM raised.
     """
-    from ray import exceptions as ray_exceptions
     from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
     from vllm.exceptions import VLLMError, VLLMServerError
 
-    if isinstance(error, ray_exceptions.RayTaskError):
-        error = error.cause
+    error = _raised(error)
     if not isinstance(error, VLLMError | ValueError | TypeError | OverflowError
                       | NotImplementedError):
         return None
