@@ -344,10 +344,11 @@ def test_a_failed_batch_is_counted_by_its_failure_not_as_cancelled():
         with pytest.raises(ConnectionError):
             async for _ in merged:
                 pass
-        # vLLM's stream generator reports the failure as an event; while the router relays
-        # it to the client the event loop turns before the router counts the request.
-        for _ in range(3):
-            await asyncio.sleep(0)
+        # vLLM's stream generator reports the failure as an event, and the router counts
+        # the request only after relaying it: once every task of the batch (the cancelled
+        # second prompt's included) has ended, nothing here may have counted it.
+        others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        await settled(asyncio.gather(*others, return_exceptions=True))
         return list(setup.observer.outcomes)
 
     outcomes = asyncio.run(batch())

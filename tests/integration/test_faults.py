@@ -36,12 +36,14 @@ from tests.integration.conftest import (
     _ready_or_fail,
     _wait_for_exit,
 )
+from tests.integration.prometheus import scrape, total
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 CONFIG_PATH = REPO / "tests/integration/pdserve-faults.yaml"
 CONFIG = load_config(CONFIG_PATH)
 MODEL = CONFIG.model.name
+METRICS_URL = f"http://127.0.0.1:{CONFIG.ray.metrics_export_port}/metrics"
 RECOVERY_S = 300  # a replaced replica starts its engine from scratch on a busy machine
 
 
@@ -125,14 +127,22 @@ def wait_for(condition, what: str, timeout_s: float) -> None:
         time.sleep(0.5)
 
 
-def quiet(window_s: float = 0.5, max_cpu_s: float = 0.05) -> bool:
-    """No engine computes: a replacement may still be warming up after it reported ready,
-    and would look like the engine serving a test's request."""
-    engines = [core for pool in ("prefill", "decode") for _, cores in replicas(pool)
-               for core in cores]
-    before = cpu_seconds(engines)
-    time.sleep(window_s)  # a measurement window, not a wait for something to happen
-    return cpu_seconds(engines) - before <= max_cpu_s
+def engines_quiet(max_cpu_s: float = 0.05):
+    """A condition for ``wait_for``: no engine gained more than ``max_cpu_s`` of CPU since
+    the previous poll (a replacement may still be warming up after it reported ready, and
+    would look like the engine serving a test's request)."""
+    previous: dict[int, float] = {}
+
+    def quiet() -> bool:
+        current = {core.pid: cpu_seconds([core]) for pool in ("prefill", "decode")
+                   for _, cores in replicas(pool) for core in cores}
+        same_engines = current.keys() == previous.keys()
+        gained = sum(current.values()) - sum(previous.values())
+        previous.clear()
+        previous.update(current)
+        return same_engines and gained <= max_cpu_s
+
+    return quiet
 
 
 def wait_until_whole(base_url: str) -> float:
@@ -151,7 +161,7 @@ def wait_until_whole(base_url: str) -> float:
     # the pool serves (Serve routes only to replicas whose start finished).
     for prompt in ("short", "long " * 40):
         assert complete(base_url, prompt, max_tokens=2).status_code == 200
-    wait_for(quiet, "every engine idle", RECOVERY_S)
+    wait_for(engines_quiet(), "every engine idle", RECOVERY_S)
     took = time.monotonic() - started
     print(f"whole again after {took:.1f}s")
     return took
@@ -203,30 +213,16 @@ def stream_tokens(base_url: str, prompt: str, max_tokens: int,
     return tokens, other
 
 
-def retries(base_url: str) -> dict[tuple[str, str, str], float]:
-    """pdserve_retries_total by (stage, reason, action), from the metrics endpoint."""
-    port = CONFIG.ray.metrics_export_port
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-    counts: dict[tuple[str, str, str], float] = {}
-    for line in text.splitlines():
-        if line.startswith("ray_pdserve_retries_total{"):
-            labels = dict(part.split("=", 1) for part in
-                          line[line.index("{") + 1:line.rindex("}")].split(","))
-            key = tuple(labels[name].strip('"') for name in ("stage", "reason", "action"))
-            counts[key] = counts.get(key, 0) + float(line.rsplit(" ", 1)[1])
-    return counts
-
-
-def retried(base_url: str, stage: str, action: str | None, reason: str | None = None) -> float:
+def retried(stage: str, action: str | None, reason: str | None = None) -> float:
     """How many times ``stage`` failed (for ``reason``) and ``action`` followed (None: any)."""
-    return sum(count for (stage_, reason_, action_), count in retries(base_url).items()
-               if stage_ == stage and action in (None, action_) and reason in (None, reason_))
+    labels = {"stage": stage, "action": action, "reason": reason}
+    return total(scrape(METRICS_URL), "ray_pdserve_retries_total",
+                 **{name: value for name, value in labels.items() if value is not None})
 
 
-def counted(base_url: str, stage: str, action: str | None, reason: str | None,
-            at_least: float) -> None:
+def counted(stage: str, action: str | None, reason: str | None, at_least: float) -> None:
     # Ray exports a replica's metrics every few seconds.
-    wait_for(lambda: retried(base_url, stage, action, reason) >= at_least,
+    wait_for(lambda: retried(stage, action, reason) >= at_least,
              f"pdserve_retries_total{{stage={stage}, reason={reason}, action={action}}}", 60)
 
 
@@ -264,18 +260,18 @@ def _fault_midstream(base_url: str, act) -> tuple[list[int], list[int], list]:
 
 
 def test_a_decode_replica_killed_midstream_loses_no_token(cluster):
-    before = retried(cluster, "decode", "migrate", "unavailable")
+    before = retried("decode", "migrate", "unavailable")
     expected, received, (other, victim) = _fault_midstream(
         cluster, lambda actor, cores: os.kill(actor.pid, signal.SIGKILL))
     assert len(expected) == 1500 and received == expected  # none lost, none repeated
     assert other == ["[DONE]"]
-    counted(cluster, "decode", "migrate", "unavailable", before + 1)
+    counted("decode", "migrate", "unavailable", before + 1)
     nothing_leaked(cluster, [core.pid for core in victim["cores"]])
     wait_until_whole(cluster)
 
 
 def test_a_hung_decode_engine_is_left_behind_at_its_deadline(cluster):
-    before = retried(cluster, "decode", "migrate", "deadline")
+    before = retried("decode", "migrate", "deadline")
     stopped: list[psutil.Process] = []
 
     def stop(actor, cores) -> None:
@@ -289,7 +285,7 @@ def test_a_hung_decode_engine_is_left_behind_at_its_deadline(cluster):
         for core in stopped:
             core.resume()
     assert received == expected and other == ["[DONE]"]
-    counted(cluster, "decode", "migrate", "deadline", before + 1)
+    counted("decode", "migrate", "deadline", before + 1)
     nothing_leaked(cluster)
     wait_until_whole(cluster)
 
@@ -300,8 +296,8 @@ def test_prefill_replicas_killed_midprefill_still_answer_every_token(cluster):
     deadline, and the decode engine prefills the prompt itself."""
     prompt = unique_prompt(1500)  # ~7,800 tokens: through the prefill pool
     expected = complete(cluster, prompt, max_tokens=16).json()["choices"][0]["token_ids"]
-    before = retried(cluster, "prefill", None)
-    retried_before_giving_up = retried(cluster, "prefill", "give_up")
+    before = retried("prefill", None)
+    retried_before_giving_up = retried("prefill", "give_up")
     pool = replicas("prefill")
     for _, cores in pool:
         for core in cores:
@@ -332,8 +328,8 @@ def test_prefill_replicas_killed_midprefill_still_answer_every_token(cluster):
     # The killed replica's call fails at once (unavailable) or, sent after the kill, finds
     # no replica until its deadline; the retry then finds a replacement or, none yet, the
     # decode engine prefills the prompt. Either way the prefill stage failed and was retried.
-    counted(cluster, "prefill", None, None, before + 1)
-    assert retried(cluster, "prefill", "give_up") == retried_before_giving_up
+    counted("prefill", None, None, before + 1)
+    assert retried("prefill", "give_up") == retried_before_giving_up
     nothing_leaked(cluster, [core.pid for _, cores in pool for core in cores])
     wait_until_whole(cluster)
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from tests.integration import prometheus
 from tests.integration.conftest import CONFIG, MODEL, wait_until_idle
 from tests.integration.openai_http import AUTH, generate
+from tests.integration.prometheus import total
 
 pytestmark = pytest.mark.integration
 
@@ -18,18 +18,7 @@ METRICS_URL = f"http://{CONFIG.ray.node_ip_address}:{CONFIG.ray.metrics_export_p
 
 
 def scrape() -> dict[str, dict[tuple, float]]:
-    """pdserve samples summed over worker processes: name -> {sorted labels: value}."""
-    text = httpx.get(METRICS_URL, timeout=30).text
-    sums: dict[str, dict[tuple, float]] = defaultdict(lambda: defaultdict(float))
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if not sample.name.startswith("ray_pdserve_"):
-                continue
-            labels = tuple(sorted((k, v) for k, v in sample.labels.items()
-                                  if k in ("model", "version", "pool", "outcome", "source",
-                                           "action", "le")))
-            sums[sample.name][labels] += sample.value
-    return sums
+    return prometheus.scrape(METRICS_URL)
 
 
 def settled_scrape(timeout_s: float = 90) -> dict[str, dict[tuple, float]]:
@@ -46,11 +35,6 @@ def settled_scrape(timeout_s: float = 90) -> dict[str, dict[tuple, float]]:
         if current == previous or time.monotonic() > deadline:
             return current
         previous = current
-
-
-def total(sums, name: str, **labels: str) -> float:
-    wanted = set(labels.items())
-    return sum(value for key, value in sums.get(name, {}).items() if wanted <= set(key))
 
 
 def test_counters_balance_with_what_was_sent(pdserve):

@@ -16,7 +16,8 @@ import pytest
 
 from tests.integration.conftest import CONFIG, ENV_API_KEY, MODEL
 from tests.integration.openai_http import ADMIN, AUTH, generate
-from tests.integration.test_metrics import settled_scrape, total
+from tests.integration.prometheus import total
+from tests.integration.test_metrics import settled_scrape
 
 pytestmark = pytest.mark.integration
 

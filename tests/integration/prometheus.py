@@ -1,0 +1,32 @@
+"""Reading pdserve's metrics as Prometheus scrapes them, for tests."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+# pdserve's own labels; Ray adds per-process ones (WorkerId, ...), over which samples sum.
+PDSERVE_LABELS = ("model", "version", "pool", "outcome", "source", "action", "stage",
+                  "reason", "le")
+
+
+def scrape(url: str) -> dict[str, dict[tuple, float]]:
+    """pdserve samples summed over worker processes: name -> {sorted labels: value}."""
+    text = httpx.get(url, timeout=30).text
+    sums: dict[str, dict[tuple, float]] = defaultdict(lambda: defaultdict(float))
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.name.startswith("ray_pdserve_"):
+                continue
+            labels = tuple(sorted((k, v) for k, v in sample.labels.items()
+                                  if k in PDSERVE_LABELS))
+            sums[sample.name][labels] += sample.value
+    return sums
+
+
+def total(sums, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples that carry all of ``labels``."""
+    wanted = set(labels.items())
+    return sum(value for key, value in sums.get(name, {}).items() if wanted <= set(key))
