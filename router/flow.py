@@ -203,9 +203,10 @@ def continuation(request: EngineRequest, sent: list[int], attempt: int) -> Engin
 async def _within(awaitable: Awaitable[T], timeout_s: float | None) -> T:
     """``awaitable``'s result; ``TimeoutError`` (and the awaitable cancelled) after
     ``timeout_s`` seconds (None: no limit)."""
-    if timeout_s is None:
+    # asyncio.timeout, not wait_for: this runs once per streamed chunk, and wait_for
+    # wraps each await in a task of its own.
+    async with asyncio.timeout(timeout_s):
         return await awaitable
-    return await asyncio.wait_for(awaitable, timeout_s)
 
 
 def _failure_kind(error: BaseException) -> Failure:
