@@ -19,6 +19,7 @@ from typing import Any
 from cluster import metrics as m
 from cluster.config import PDServeConfig
 from cluster.engine.args import engine_env, engine_kwargs
+from cluster.engine.callers import CallerWatch
 from cluster.engine.load_report import LoadReporter
 from cluster.engine.messages import EngineRequest
 from cluster.engine.routing_stats import routing_stats_from
@@ -42,6 +43,7 @@ class EngineHost:
         self.stats = stats
         self.load = LoadReporter(stats.role)
         self._stop = threading.Event()
+        self._callers = CallerWatch(lambda request_id: self._engine.abort(request_id))
         if recorder is not None and tags is not None:
             threading.Thread(target=self._refresh_gauges, args=(recorder, tags),
                              name="pdserve-gauges", daemon=True).start()
@@ -97,7 +99,8 @@ class EngineHost:
         sampling, or, with ``prefill_only``, the one final output of a prompt pass.
 
         Cancelling the consumer (a client that went away) aborts the request in the engine:
-        vLLM's ``generate`` aborts on ``CancelledError``/``GeneratorExit``.
+        vLLM's ``generate`` aborts on ``CancelledError``/``GeneratorExit``. A consumer that
+        died (its router replica killed) cannot cancel: the caller watch aborts it.
         """
         from vllm.inputs import TokensPrompt
 
@@ -115,6 +118,7 @@ class EngineHost:
         self.stats.queued_prefill_tokens += prompt_tokens
         queued = True
         last = time.monotonic()
+        self._callers.track(request.request_id, request.caller)
         try:
             async for output in self._engine.generate(prompt, params, request.request_id,
                                                       **reasoning):
@@ -131,6 +135,7 @@ class EngineHost:
                 last = now
                 yield output
         finally:
+            self._callers.untrack(request.request_id)
             if queued:
                 self.stats.queued_prefill_tokens -= prompt_tokens
 

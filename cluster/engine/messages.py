@@ -28,6 +28,9 @@ class EngineRequest:
     # checks the prompt itself) and the parser's arguments, as vLLM's chat layer set them.
     reasoning_ended: bool | None = None
     reasoning_parser_kwargs: dict[str, Any] | None = None
+    # The router replica that reads the outputs, as (Ray namespace, actor name): engines
+    # abort the request if that replica dies (cluster/engine/callers.py). None: unwatched.
+    caller: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
