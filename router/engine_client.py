@@ -16,7 +16,7 @@ from typing import Any
 
 from cluster.engine.messages import EngineRequest
 from router.disaggregation import Route, choose_path
-from router.errors import APIError, service_unavailable
+from router.errors import APIError
 from router.flow import DisaggregatedFlow
 from router.lifecycle import RequestLifecycle
 from router.protocol import check_token_ids
@@ -26,14 +26,6 @@ def request_key(request_id: str) -> str:
     """The router's id inside vLLM's: "chatcmpl-<id>", "chatcmpl-<id>_<input index>" or
     "cmpl-<id>-<prompt index>" (the router's ids are hex: no "-" or "_")."""
     return request_id.split("-")[1].split("_")[0]
-
-
-def _refuse_engine_error(output: Any) -> None:
-    """An engine ends a request with ``finish_reason`` "error" when it could not compute
-    it (a failed KV load under vLLM's "fail" policy, say): a failed attempt, never a
-    successful answer with whatever text came before."""
-    if any(choice.finish_reason == "error" for choice in output.outputs):
-        raise service_unavailable("the engine failed while generating this request; retry")
 
 
 class PDEngineClient:
@@ -109,7 +101,6 @@ class PDEngineClient:
         final = None
         try:
             async for output in outputs:
-                _refuse_engine_error(output)
                 lifecycle.observe(output)
                 output.prompt_token_ids = token_ids
                 if deltas:

@@ -19,11 +19,20 @@ from typing import Any, TypeVar
 from cluster.config import Deadlines
 from cluster.engine.messages import EngineRequest, PrefillResult
 from router.disaggregation import Route
+from router.errors import service_unavailable
 from router.retry import Action, Failure, PoolBreaker, RetryPolicy
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# How often a prefill call that has not answered checks whether its pool still has a
+# replica (an empty pool would hold it until a replacement starts).
+POOL_CHECK_S = 0.25
+
+
+class PoolEmpty(Exception):
+    """The pool has no replica left: a call to it would wait for a replacement."""
 
 
 class DisaggregatedFlow:
@@ -34,11 +43,17 @@ class DisaggregatedFlow:
                  deadlines: Deadlines | None = None,
                  classify: Callable[[BaseException], Failure] | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 on_retry: Callable[[str, Failure, Action, str], None] | None = None):
+                 on_retry: Callable[[str, Failure, Action, str], None] | None = None,
+                 caller: tuple[str, str] | None = None,
+                 prefill_replicas: Callable[[], int | None] = lambda: None):
         """Without ``retry`` nothing is retried; without ``deadlines`` nothing times out.
         ``classify`` tells the policy what a failure was (default: Ray's and vLLM's
         exception types, router.failures); ``on_retry(stage, failure, action,
-        request_id)`` counts each decision."""
+        request_id)`` counts each decision. ``caller``: this router replica's actor
+        (namespace, name), stamped on each request so that engines abort the requests
+        of a router replica that died (cluster/engine/callers.py).
+        ``prefill_replicas()``: how many prefill replicas Serve's router here knows (None:
+        not known yet); at 0 prompts go to the decode engine at once."""
         self._prefill = prefill_handle
         self._decode = decode_handle.options(stream=True)
         self._decode_unary = decode_handle
@@ -51,6 +66,8 @@ class DisaggregatedFlow:
         self._on_retry = on_retry or (lambda stage, failure, action, request_id: None)
         self._releases: set[asyncio.Future] = set()
         self._prefill_breaker = PoolBreaker(self._retry.prefill_cooldown_s)
+        self._caller = caller
+        self._prefill_replicas = prefill_replicas
 
     async def generate(
         self, request: EngineRequest, path: Route = "disaggregated", *, one_piece: bool = False,
@@ -67,6 +84,8 @@ class DisaggregatedFlow:
         """
         start = self._clock()
         handle = None
+        if self._caller is not None and request.caller is None:
+            request = dataclasses.replace(request, caller=self._caller)
         if path == "disaggregated" and not self._prefill_breaker.allows(start):
             logger.info("request %s: the prefill pool failed moments ago; the decode "
                         "engine prefills it", request.request_id)
@@ -82,24 +101,44 @@ class DisaggregatedFlow:
         while True:
             attempts += 1
             try:
-                # Cancelling this await (a client gone, a deadline) cancels the prefill
-                # call too (Serve propagates cancellation): vLLM aborts it, frees its blocks.
-                result: PrefillResult = await _within(
-                    self._prefill.prefill.remote(request), self._deadlines.prefill_s)
+                result = await self._prefill_once(request)
                 self._prefill_breaker.succeeded()
                 return result.handle
             except Exception as error:  # not CancelledError: the client left
-                failure = self._classify(error)
+                empty = isinstance(error, PoolEmpty)
+                failure = "unavailable" if empty else self._classify(error)
                 action = self._retry.after_prefill_failure(
-                    failure, attempts, self._clock() - start)
+                    failure, attempts, self._clock() - start, pool_empty=empty)
                 self._note("prefill", request, error, failure, action)
                 if action == "give_up":
                     raise
                 if action == "decode_local":
-                    # Every attempt failed: the pool as a whole, not one replica. Spare the
-                    # next prompts the wait (router/retry.py, PoolBreaker).
-                    self._prefill_breaker.failed(self._clock())
+                    if not empty:
+                        # Every attempt failed: the pool as a whole, not one replica. Spare
+                        # the next prompts the wait (router/retry.py, PoolBreaker). An empty
+                        # pool needs no breaker: each prompt sees it at once.
+                        self._prefill_breaker.failed(self._clock())
                     return None
+
+    async def _prefill_once(self, request: EngineRequest) -> PrefillResult:
+        """One prefill call, within the prefill deadline; ``PoolEmpty`` as soon as the pool
+        has no replica (at the start, or while the call waits for one)."""
+        if self._prefill_replicas() == 0:
+            raise PoolEmpty("no prefill replica")
+        response = self._prefill.prefill.remote(request)
+        call = asyncio.ensure_future(response)
+        try:
+            async with asyncio.timeout(self._deadlines.prefill_s):
+                while not (await asyncio.wait({call}, timeout=POOL_CHECK_S))[0]:
+                    if self._prefill_replicas() == 0:
+                        raise PoolEmpty("every prefill replica died while the prompt waited")
+            return call.result()
+        finally:
+            if not call.done():
+                # Left (a client gone, a deadline, an empty pool): cancel the call in the
+                # replica too, where vLLM aborts it and frees its blocks.
+                call.cancel()
+                response.cancel()
 
     async def _decode_with_retries(self, request: EngineRequest, handle, start: float,
                                    one_piece: bool) -> AsyncIterator[Any]:
@@ -115,6 +154,7 @@ class DisaggregatedFlow:
                 while not finished:
                     output = await _within(anext(stream), timeout)
                     timeout = self._deadlines.token_gap_s
+                    _refuse_engine_end(output)
                     finished = output.finished
                     if output.outputs:
                         sent.extend(output.outputs[0].token_ids)
@@ -183,6 +223,21 @@ class DisaggregatedFlow:
             "prefill": await self._prefill.stats.remote(),
             "decode": await self._decode_unary.stats.remote(),
         }
+
+
+# Ways an engine ends a request on its own: it could not compute it (a failed KV load
+# under vLLM's "fail" policy, say), or it aborted it (its caller looked dead, it was shutting
+# down). The router's own aborts never reach here: it stops reading first.
+ENGINE_ENDINGS = frozenset({"error", "abort"})
+
+
+def _refuse_engine_end(output: Any) -> None:
+    """A failed attempt (retried, migrated), never a successful answer with whatever
+    text came before it."""
+    ending = next((choice.finish_reason for choice in output.outputs
+                   if choice.finish_reason in ENGINE_ENDINGS), None)
+    if ending is not None:
+        raise service_unavailable(f"the engine ended the request ({ending}); retry")
 
 
 def continuation(request: EngineRequest, sent: list[int], attempt: int) -> EngineRequest:

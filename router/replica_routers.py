@@ -43,6 +43,7 @@ from ray.serve.request_router import (
 from cluster.config import DecodeRoutingConfig, PrefillRoutingConfig, RoutingConfig
 from cluster.digest import short_digest
 from cluster.engine.messages import EngineRequest
+from router import pool_view
 from router.replica_choice import (
     DecodePolicy,
     PendingTally,
@@ -190,12 +191,18 @@ class _EngineRouter(RequestRouter):
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
         self._forget(replica_key(replica_id))
+        self._publish_count()
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         before = {replica_key(r) for r in self._replica_id_set}
         super().update_replicas(replicas)
         for key in before - {replica_key(r) for r in self._replica_id_set}:
             self._forget(key)
+        self._publish_count()
+
+    def _publish_count(self) -> None:
+        # Through a module imported by reference: this one reaches routers pickled by value.
+        pool_view.record(self._deployment_id.name, len(self._replica_id_set))
 
     def _forget(self, replica: str) -> None:
         self._tally.forget_replica(replica)

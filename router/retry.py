@@ -48,11 +48,12 @@ class RetryPolicy:
                    prefill_cooldown_s=config.prefill_cooldown_s)
 
     def after_prefill_failure(self, failure: Failure, attempts: int,
-                              elapsed_s: float) -> Action:
-        """After the ``attempts``-th prefill attempt failed with ``failure``."""
+                              elapsed_s: float, pool_empty: bool = False) -> Action:
+        """After the ``attempts``-th prefill attempt failed with ``failure``;
+        ``pool_empty``: the pool has no replica left (a retry would wait for one)."""
         if failure not in RETRYABLE or elapsed_s >= self.max_retry_s:
             return "give_up"
-        if attempts < self.prefill_attempts:
+        if attempts < self.prefill_attempts and not pool_empty:
             return "retry_prefill"
         return "decode_local"
 

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any, Literal
 
+import ray
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -49,6 +50,7 @@ from router.failures import error_response, failure_response, vllm_error_respons
 from router.flow import DisaggregatedFlow, prepend
 from router.lifecycle import RequestLifecycle
 from router.limits import check_body, check_declared_size, check_received_size
+from router.pool_view import known_replicas
 from router.protocol import refuse_not_honoured
 from router.retry import RetryPolicy
 from router.timing_metrics import RequestObserver, count_refusal, retry_counter
@@ -139,18 +141,33 @@ def _error_status(result: Any) -> int | None:
     return int(error.code) if error is not None and hasattr(error, "code") else None
 
 
+def _this_actor() -> tuple[str, str] | None:
+    """This replica's Ray actor as (namespace, name); None outside a named actor.
+
+    Serve names its replica actors in its own namespace; the runtime context's namespace
+    is the job's, where that name does not resolve."""
+    from ray.serve._private.constants import SERVE_NAMESPACE
+
+    context = ray.get_runtime_context()
+    name = context.get_actor_name() if context.get_actor_id() is not None else None
+    return (SERVE_NAMESPACE, name) if name else None
+
+
 @serve.deployment
 @serve.ingress(app)
 class Router:
     def __init__(self, config: PDServeConfig, pools: dict[str, dict], rollout=None):
         self._config = config
         self._versions: dict[str, VersionFrontends] = {}
+        caller = _this_actor()
         for name in config.versions:
             flow = DisaggregatedFlow(
                 pools[name]["prefill"], pools[name]["decode"],
                 retry=RetryPolicy.from_config(config.router.retries),
                 deadlines=config.router.deadlines,
-                on_retry=retry_counter(name, functools.partial(self._fault_seen, name)))
+                on_retry=retry_counter(name, functools.partial(self._fault_seen, name)),
+                caller=caller, prefill_replicas=functools.partial(
+                    known_replicas, pools[name]["prefill"].deployment_name))
             served = [served for served, weights in config.served_models.items()
                       if weights.get(name) is not None]
             self._versions[name] = build_version(config, name, flow, served)

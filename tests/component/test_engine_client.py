@@ -253,23 +253,6 @@ def test_a_flow_failure_is_recorded_and_raised_and_the_ticket_goes_back(fail_aft
     assert setup.observer.outcomes == []  # the router answers it, by its status
 
 
-@pytest.mark.parametrize("kind", [RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY])
-def test_an_engine_that_ends_a_request_in_error_fails_it_as_unavailable(kind):
-    class ErrorFlow(FakeFlow):
-        async def generate(self, request, route, one_piece=False):
-            yield delta(request.request_id, 0, 3)
-            broken = delta(request.request_id, 1, 3)
-            broken.outputs[0].finish_reason = "error"
-            yield broken
-
-    setup = Setup(ErrorFlow())
-    with pytest.raises(APIError) as caught:
-        setup.collect(SHORT, params(kind))
-    assert caught.value.status == 503 and "Retry-After" in caught.value.headers
-    assert setup.lifecycle.failure is caught.value
-    assert setup.gate.released  # the ticket went back
-
-
 def test_a_unary_request_whose_flow_fails_yields_nothing_and_records_the_failure():
     setup = Setup(FakeFlow(fail_after=2))
     with pytest.raises(ConnectionError):

@@ -12,6 +12,7 @@ import random
 
 import pytest
 from pydantic import ValidationError
+from ray import cloudpickle
 from ray.serve._private.common import DeploymentHandleSource, DeploymentID, RequestMetadata
 from ray.serve.config import RequestRouterConfig
 from ray.serve.request_router import PendingRequest, ReplicaID
@@ -20,9 +21,11 @@ from cluster.config import DecodeRoutingConfig, parse_config
 from cluster.engine.messages import EngineRequest
 from cluster.engine.routing_stats import routing_stats_from
 from cluster.engine.stats import EngineStats
+from router.pool_view import known_replicas
 from router.replica_choice import DecodePolicy, PrefillPolicy, load_from_stats
 from router.replica_routers import (
     CODE_DIGEST_KEY,
+    ROUTER_CLASSES,
     DecodeRequestRouter,
     PrefillRequestRouter,
     as_ranks,
@@ -329,6 +332,23 @@ def test_update_replicas_forgets_removed_replicas():
         router.on_request_routed(routed, a.replica_id, result=None)
         router.update_replicas([b])
         assert len(router._index) == 0 and len(router._tally) == 0
+    run(check())
+
+
+def test_the_flow_learns_how_many_replicas_the_router_knows():
+    """Pickled by value as Serve ships it, the router still tells the flow's module."""
+    async def check():
+        cls = cloudpickle.loads(RequestRouterConfig(
+            request_router_class=ROUTER_CLASSES["prefill"],
+        ).get_serialized_request_router_cls())
+        router = make_router(cls, Clock(), block_size=16)
+        a, b = FakeReplica("a"), FakeReplica("b")
+        router.update_replicas([a, b])
+        assert known_replicas(DEPLOYMENT.name) == 2
+        router.on_replica_actor_died(a.replica_id)
+        assert known_replicas(DEPLOYMENT.name) == 1
+        router.on_replica_actor_died(b.replica_id)  # before the controller says so
+        assert known_replicas(DEPLOYMENT.name) == 0
     run(check())
 
 

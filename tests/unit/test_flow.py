@@ -20,6 +20,7 @@ import pytest
 from cluster.config import Deadlines
 from cluster.engine.messages import EngineRequest, PrefillResult
 from kv_transfer.handle import KVHandle
+from router.errors import APIError
 from router.flow import DisaggregatedFlow, prepend
 from router.retry import RetryPolicy
 from tests.fake_time import eventually, settled
@@ -71,12 +72,27 @@ class Method:
         return self._answer(*args)
 
 
+class Response:
+    """A unary call's answer as Serve's ``DeploymentResponse`` is one: awaitable, with a
+    ``cancel`` that cancels the call in the replica."""
+
+    def __init__(self, coroutine, owner: FakePrefill):
+        self._coroutine, self._owner = coroutine, owner
+
+    def __await__(self):
+        return self._coroutine.__await__()
+
+    def cancel(self) -> None:
+        self._owner.cancel_sent = True
+
+
 class FakePrefill:
     def __init__(self, result: PrefillResult, block: bool = False):
         self.started = asyncio.Event()
-        self.cancelled = False
+        self.cancelled = False     # the call's coroutine saw the cancellation
+        self.cancel_sent = False   # the flow cancelled the call in the replica
         self._result, self._block = result, block
-        self.prefill = Method(self._prefill)
+        self.prefill = Method(lambda request: Response(self._prefill(request), self))
         self.stats = Method(self._stats)
 
     async def _prefill(self, request: EngineRequest) -> PrefillResult:
@@ -267,7 +283,7 @@ def test_cancelling_during_prefill_cancels_the_prefill_call_and_never_decodes():
             await settled(reader)
 
     asyncio.run(cancel_in_prefill())
-    assert prefill.cancelled
+    assert prefill.cancelled and prefill.cancel_sent
     assert decode.generate.calls == []
 
 
@@ -315,10 +331,11 @@ class Replicas(FakeDecode):
         self.generate = Method(lambda request, handle: queue.pop(0))
 
 
-def retrying(prefill, decode, **deadlines):
+def retrying(prefill, decode, prefill_replicas=lambda: None, **deadlines):
     noted = []
     flow = DisaggregatedFlow(
-        prefill, decode, retry=RetryPolicy(), classify=lambda error: (
+        prefill, decode, retry=RetryPolicy(), prefill_replicas=prefill_replicas,
+        classify=lambda error: (
             "deadline" if isinstance(error, TimeoutError) else "unavailable"),
         deadlines=Deadlines(**{"prefill_s": None, "first_token_s": None,
                                "token_gap_s": None, **deadlines}),
@@ -348,9 +365,37 @@ def test_a_hung_prefill_passes_its_deadline_and_is_cancelled():
         FakeStream(outputs(1)))
     flow, noted = retrying(prefill, decode, prefill_s=0.05)
     assert asyncio.run(collect(flow, "disaggregated")) == outputs(1)
-    assert prefill.cancelled and decode.generate.calls == [(REQUEST, None)]
+    assert prefill.cancelled and prefill.cancel_sent
+    assert decode.generate.calls == [(REQUEST, None)]
     assert noted == [("prefill", "deadline", "retry_prefill"),
                      ("prefill", "deadline", "decode_local")]
+
+
+def test_with_no_prefill_replica_the_decode_engine_prefills_at_once():
+    prefill, decode = FakePrefill(PrefillResult(KV, 4)), FakeDecode(FakeStream(outputs(1)))
+    flow, noted = retrying(prefill, decode, prefill_replicas=lambda: 0)
+    assert asyncio.run(collect(flow, "disaggregated")) == outputs(1)
+    assert prefill.prefill.calls == [] and decode.generate.calls == [(REQUEST, None)]
+    assert noted == [("prefill", "unavailable", "decode_local")]
+
+
+def test_a_prompt_waiting_for_a_prefill_pool_that_empties_goes_to_the_decode_engine():
+    """Its replica died and Serve would hold the call until a replacement starts."""
+    replicas = [2]
+    prefill = FakePrefill(PrefillResult(KV, 4), block=True)
+    decode = FakeDecode(FakeStream(outputs(1)))
+    flow, noted = retrying(prefill, decode, prefill_replicas=lambda: replicas[0])
+
+    async def run():
+        reader = asyncio.ensure_future(collect(flow, "disaggregated"))
+        await eventually(prefill.started.is_set)
+        replicas[0] = 0
+        return await settled(reader)
+
+    assert asyncio.run(run()) == outputs(1)
+    assert len(prefill.prefill.calls) == 1 and prefill.cancel_sent
+    assert decode.generate.calls == [(REQUEST, None)]
+    assert noted == [("prefill", "unavailable", "decode_local")]
 
 
 def test_a_decode_that_fails_before_its_first_token_runs_again_decode_local():
@@ -440,3 +485,42 @@ def test_one_failed_prefill_attempt_saved_by_its_retry_does_not_close_the_pool()
     asyncio.run(collect(flow, "disaggregated"))
     asyncio.run(collect(flow, "disaggregated"))
     assert len(prefill.prefill.calls) == 3  # the second request went to the pool
+
+
+def test_every_pool_call_names_the_router_replica_that_reads_it():
+    prefill = FakePrefill(PrefillResult(KV, prompt_tokens=4))
+    decode = FakeDecode(FakeStream(outputs(2)))
+    caller = ("serve", "SERVE_REPLICA::pdserve#router#abc")
+    flow = DisaggregatedFlow(prefill, decode, classify=lambda error: "unavailable",
+                             caller=caller)
+    asyncio.run(collect(flow, "disaggregated"))
+    ((prefilled,),), ((decoded, _),) = prefill.prefill.calls, decode.generate.calls
+    assert prefilled.caller == decoded.caller == caller
+    assert decoded.request_id == REQUEST.request_id
+
+
+def ended_by_engine(reason: str) -> Output:
+    return Output("req-1", [Completion("", [], reason)], True)
+
+
+@pytest.mark.parametrize("reason", ["error", "abort"])
+def test_a_request_the_engine_ended_on_its_own_is_run_again_not_answered(reason):
+    """Before its first token: again decode-local; after tokens: continued."""
+    early = Replicas(FakeStream([ended_by_engine(reason)]), FakeStream(outputs(2)))
+    flow, noted = retrying(FakePrefill(PrefillResult(KV, 4)), early)
+    assert asyncio.run(collect(flow, "disaggregated")) == outputs(2)
+    assert noted == [("decode", "unavailable", "decode_local")]
+
+    late = Replicas(FakeStream([output(0), ended_by_engine(reason)]),
+                    FakeStream([output(1), output(2, last=True)]))
+    flow, noted = retrying(FakePrefill(PrefillResult(KV, 4)), late)
+    assert asyncio.run(collect(flow, "decode_local")) == outputs(3)
+    assert noted == [("decode", "unavailable", "migrate")]
+
+
+def test_an_engine_ending_every_attempt_is_a_503_never_a_finished_answer():
+    endings = [FakeStream([ended_by_engine("error")]) for _ in range(3)]
+    flow, _ = retrying(FakePrefill(PrefillResult(KV, 4)), Replicas(*endings))
+    with pytest.raises(APIError) as caught:
+        asyncio.run(collect(flow, "decode_local"))
+    assert caught.value.status == 503 and "Retry-After" in caught.value.headers

@@ -72,3 +72,10 @@ def test_a_breaker_skips_a_failed_pool_for_its_cooldown_then_tries_again():
     assert not breaker.allows(20)
     breaker.succeeded()
     assert breaker.allows(20)
+
+
+def test_with_the_prefill_pool_empty_a_retry_would_only_wait_for_a_replacement():
+    assert POLICY.after_prefill_failure("unavailable", attempts=1, elapsed_s=1,
+                                        pool_empty=True) == "decode_local"
+    assert POLICY.after_prefill_failure("refused", attempts=1, elapsed_s=1,
+                                        pool_empty=True) == "give_up"
