@@ -92,8 +92,9 @@ KV_TRANSFER_FAILURES = MetricSpec("pdserve_kv_transfer_failures_total", "counter
 
 # --- retries (recorded by the router's flow, router/retry.py) ---------------------------
 RETRIES = MetricSpec("pdserve_retries_total", "counter",
-                     "Stages that failed and what the router did next (retry_prefill, "
-                     "decode_local, migrate, give_up)", ("version", "stage", "reason", "action"))
+                     "Stages that failed, why (died, unavailable, deadline, refused, internal) "
+                     "and what the router did next (retry_prefill, decode_local, migrate, "
+                     "give_up)", ("version", "stage", "reason", "action"))
 
 # --- canary rollouts (recorded by the rollout controller) -------------------------------
 CANARY_PERCENT = MetricSpec("pdserve_canary_percent", "gauge",

@@ -44,6 +44,8 @@ def failure_kind(error: BaseException) -> Failure:
     from vllm.v1.engine.exceptions import EngineDeadError
 
     error = _raised(error)
+    if isinstance(error, ray_exceptions.ActorDiedError):
+        return "died"
     if isinstance(error, serve_exceptions.BackPressureError
                   | serve_exceptions.DeploymentUnavailableError
                   | ray_exceptions.RayActorError | ray_exceptions.ActorUnavailableError
@@ -62,7 +64,7 @@ def client_error(error: BaseException, request_id: str) -> APIError:
     if kind == "deadline":
         logger.warning("request %s: an engine passed its deadline", request_id)
         return service_unavailable("the model's engines did not answer in time; retry")
-    if kind == "unavailable":  # a dead engine too: Serve replaces its replica
+    if kind in ("died", "unavailable"):  # a dead engine too: Serve replaces its replica
         logger.warning("request %s: engine unavailable: %r", request_id, error)
         return service_unavailable("the model's engines are unavailable; retry shortly")
     logger.error("request %s failed: %r", request_id, error, exc_info=error)

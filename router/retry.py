@@ -21,12 +21,15 @@ from typing import Literal
 
 from cluster.config import RetryConfig
 
-# Why a stage failed, as the shell classifies it.
-Failure = Literal["unavailable", "deadline", "refused", "internal"]
+# Why a stage failed, as the shell classifies it. "died": the replica's actor is gone
+# (Serve's router drops it at once and never sends it another call); "unavailable": any
+# other fault of the cluster that may pass (an engine dead inside a live replica, a replica
+# that did not answer, no capacity).
+Failure = Literal["died", "unavailable", "deadline", "refused", "internal"]
 # What the shell does next.
 Action = Literal["retry_prefill", "decode_local", "migrate", "give_up"]
 
-RETRYABLE: frozenset[str] = frozenset({"unavailable", "deadline"})
+RETRYABLE: frozenset[str] = frozenset({"died", "unavailable", "deadline"})
 
 
 @dataclass(frozen=True)
@@ -65,14 +68,19 @@ class RetryPolicy:
         ``constrained``: the request samples under a grammar (structured outputs)."""
         if failure not in RETRYABLE or elapsed_s >= self.max_retry_s:
             return "give_up"
+        # A replica that died is never tried again, so retries after deaths are bounded
+        # by the pool's size (and max_retry_s), not by the attempt counts: a whole pool
+        # lost at once (a node) costs one failed call per replica, then the retry waits
+        # for a replacement.
+        died = failure == "died"
         if tokens_sent == 0:
             # Nothing sent: run it again; the decode engine prefills (the prefill's KV
             # may be gone with the replica that held the handle, or freed already).
-            return "decode_local" if attempts < self.decode_attempts else "give_up"
+            return "decode_local" if died or attempts < self.decode_attempts else "give_up"
         # Tokens sent: continuing is the only way to keep the stream whole.
         # Several choices stream interleaved, and a grammar would restart from its first
         # state on the continuation: neither can be continued exactly.
-        if choices > 1 or constrained or migrations >= self.max_migrations:
+        if choices > 1 or constrained or (migrations >= self.max_migrations and not died):
             return "give_up"
         return "migrate"
 

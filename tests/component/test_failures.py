@@ -9,11 +9,11 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from ray.exceptions import ActorDiedError, RayTaskError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
 from vllm.exceptions import VLLMValidationError
 from vllm.v1.engine.exceptions import EngineDeadError
 
-from router.failures import failure_response
+from router.failures import failure_kind, failure_response
 
 
 def wrapped(cause: Exception) -> RayTaskError:
@@ -32,6 +32,14 @@ def test_a_dead_engine_or_replica_is_a_retryable_503(error):
     status, body, headers = answer(error)
     assert (status, body["code"]) == (503, "service_unavailable")
     assert headers["retry-after"]
+
+
+def test_a_replica_that_died_is_told_from_one_that_may_come_back():
+    """The retry policy spends no attempt on a replica Serve will not pick again."""
+    assert failure_kind(ActorDiedError()) == failure_kind(wrapped(ActorDiedError())) == "died"
+    assert failure_kind(EngineDeadError()) == "unavailable"
+    assert failure_kind(ActorUnavailableError(error_message="busy", actor_id=None)) \
+        == "unavailable"
 
 
 def test_a_request_vllm_refuses_keeps_vllms_status_through_ray():

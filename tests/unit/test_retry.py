@@ -79,3 +79,14 @@ def test_with_the_prefill_pool_empty_a_retry_would_only_wait_for_a_replacement()
                                         pool_empty=True) == "decode_local"
     assert POLICY.after_prefill_failure("refused", attempts=1, elapsed_s=1,
                                         pool_empty=True) == "give_up"
+
+
+def test_replicas_that_died_do_not_use_up_the_attempts_only_the_retry_time():
+    """Serve never sends to a dead replica again: a pool lost at once costs one failed call
+    per replica, then the retry waits for a replacement."""
+    assert decode("died", attempts=5) == "decode_local"
+    assert decode("unavailable", attempts=5) == "give_up"
+    assert decode("died", tokens_sent=3, migrations=5) == "migrate"
+    assert decode("deadline", tokens_sent=3, migrations=5) == "give_up"
+    assert decode("died", attempts=5, elapsed_s=30) == "give_up"
+    assert decode("died", tokens_sent=3, choices=2) == "give_up"  # still not continuable
