@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -64,11 +65,17 @@ def cluster() -> Iterator[str]:
 # ---- the processes ----------------------------------------------------------------------
 
 
+def is_replica(process: psutil.Process, deployment: str) -> bool:
+    # Ray's process title is the actor's, then ".method" while a call runs in it.
+    title, name = f"ray::ServeReplica:pdserve:{deployment}", process.info["name"] or ""
+    return name == title or name.startswith(f"{title}.")
+
+
 def replicas(pool: str) -> list[tuple[psutil.Process, list[psutil.Process]]]:
     """The pool's replica actors, each with its EngineCore processes."""
     found = []
     for process in psutil.process_iter(["name"]):
-        if process.info["name"] == f"ray::ServeReplica:pdserve:{pool}-v1":
+        if is_replica(process, f"{pool}-v1"):
             try:
                 cores = [child for child in process.children(recursive=True)
                          if child.name() == "VLLM::EngineCore"]
@@ -154,7 +161,10 @@ def wait_until_whole(base_url: str) -> float:
             ready = [cores for _, cores in replicas(pool) if cores]
             if len(ready) < getattr(CONFIG, pool).replicas:
                 return False
-        return httpx.get(f"{base_url}/health", timeout=10).status_code == 200
+        try:  # a router replica that is being replaced holds the request a while
+            return httpx.get(f"{base_url}/health", timeout=10).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     wait_for(whole, "both pools whole again", RECOVERY_S)
     # A replica replaced moments ago may still be loading: a request to each pool proves
@@ -167,6 +177,11 @@ def wait_until_whole(base_url: str) -> float:
     return took
 
 
+def kv_held(pool: str) -> float:
+    """The KV cache share the pool's engines hold, summed over them (0: no block held)."""
+    return total(scrape(METRICS_URL), "ray_pdserve_kv_cache_usage_ratio", pool=pool)
+
+
 def nothing_leaked(base_url: str, killed_cores: list[int] = ()) -> None:
     def admission_empty() -> bool:
         state = httpx.get(f"{base_url}/admin/admission", timeout=10).json()
@@ -174,6 +189,9 @@ def nothing_leaked(base_url: str, killed_cores: list[int] = ()) -> None:
 
     wait_for(admission_empty, "the admission budget back to zero", 60)
     wait_for(lambda: gone(list(killed_cores)), "the killed replica's EngineCore gone", 60)
+    for pool in ("prefill", "decode"):
+        wait_for(lambda pool=pool: kv_held(pool) == 0, f"no KV block held in the {pool} pool",
+                 60)
 
 
 # ---- the requests -------------------------------------------------------------------------
@@ -259,13 +277,41 @@ def _fault_midstream(base_url: str, act) -> tuple[list[int], list[int], list]:
     return expected, received, [other, victim]
 
 
+def _pool_killed_while_it_waits(base_url: str, pool_name: str, prompt: str,
+                                waiting=lambda: True) -> tuple[httpx.Response, list[int]]:
+    """Stop (SIGSTOP) the pool's engines, send a greedy request of ``prompt``, and once
+    it is admitted and ``waiting()`` holds, SIGKILL every replica of the pool: the answer,
+    and the killed replicas' EngineCore pids."""
+    pool = replicas(pool_name)
+    for _, cores in pool:
+        for core in cores:
+            core.suspend()
+    answer: dict = {}
+    sender = threading.Thread(target=lambda: answer.update(
+        response=complete(base_url, prompt, max_tokens=16)), daemon=True)
+    sender.start()
+    try:
+        wait_for(lambda: httpx.get(f"{base_url}/admin/admission", timeout=10).json()[
+            "running"] == 1, "the request admitted", 60)
+        wait_for(waiting, "the request waiting in the stopped pool", 60)
+    finally:
+        for actor, _ in pool:
+            os.kill(actor.pid, signal.SIGKILL)
+        for _, cores in pool:  # a stopped process cannot notice that its parent died
+            for core in cores:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    core.resume()
+    sender.join(timeout=300)
+    return answer["response"], [core.pid for _, cores in pool for core in cores]
+
+
 def test_a_decode_replica_killed_midstream_loses_no_token(cluster):
-    before = retried("decode", "migrate", "unavailable")
+    before = retried("decode", "migrate", "died")
     expected, received, (other, victim) = _fault_midstream(
         cluster, lambda actor, cores: os.kill(actor.pid, signal.SIGKILL))
     assert len(expected) == 1500 and received == expected  # none lost, none repeated
     assert other == ["[DONE]"]
-    counted("decode", "migrate", "unavailable", before + 1)
+    counted("decode", "migrate", "died", before + 1)
     nothing_leaked(cluster, [core.pid for core in victim["cores"]])
     wait_until_whole(cluster)
 
@@ -290,47 +336,93 @@ def test_a_hung_decode_engine_is_left_behind_at_its_deadline(cluster):
     wait_until_whole(cluster)
 
 
-def test_prefill_replicas_killed_midprefill_still_answer_every_token(cluster):
-    """Both prefill engines are stopped, so the request waits inside one of them; then both
-    replicas are killed: the prefill call fails, its retry finds no replica until the
-    deadline, and the decode engine prefills the prompt itself."""
-    prompt = unique_prompt(1500)  # ~7,800 tokens: through the prefill pool
+def test_decode_replicas_killed_before_the_first_token_answer_in_full(cluster):
+    """Both decode engines are stopped, so a prefilled request waits in one of them for its
+    first token; then both decode replicas are killed. The decode call fails before
+    anything was sent: the KV handle is given up (the prefill engine frees its blocks) and
+    the request runs again, decode-local, on a replacement replica, answering every token."""
+    prompt = unique_prompt(100)  # ~500 tokens: through the prefill pool and NIXL
     expected = complete(cluster, prompt, max_tokens=16).json()["choices"][0]["token_ids"]
-    before = retried("prefill", None)
-    retried_before_giving_up = retried("prefill", "give_up")
-    pool = replicas("prefill")
-    for _, cores in pool:
-        for core in cores:
-            core.suspend()
+    before = retried("decode", "decode_local", "died")
+    # Prefilled, the request is handed to a decode replica, whose stopped engine cannot
+    # start it: it waits there for its first token, its prompt's KV held for it.
+    response, killed = _pool_killed_while_it_waits(
+        cluster, "decode", prompt, lambda: kv_held("prefill") > 0)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["token_ids"] == expected
+    counted("decode", "decode_local", "died", before + 1)
+    nothing_leaked(cluster, killed)
+    wait_until_whole(cluster)
+
+
+def test_the_prefill_lost_while_decode_waits_to_pull_is_recomputed_never_a_silent_200(cluster):
+    """A prompt is prefilled and its KV waits on the prefill engine for a decode engine that
+    is stopped; then the prefill replicas are killed, and the decode engine resumed: its
+    pull fails, and vLLM's recompute policy prefills the prompt on the decode engine. The
+    answer is whole, never a 200 with empty text and finish_reason "error"."""
+    prompt = unique_prompt(100)
+    expected = complete(cluster, prompt, max_tokens=16).json()["choices"][0]["token_ids"]
+    failures_before = total(scrape(METRICS_URL), "ray_pdserve_kv_transfer_failures_total",
+                            pool="decode")
+    decode_cores = [core for _, cores in replicas("decode") for core in cores]
+    prefill = replicas("prefill")
+    for core in decode_cores:
+        core.suspend()
     answer: dict = {}
     sender = threading.Thread(target=lambda: answer.update(
         response=complete(cluster, prompt, max_tokens=16)), daemon=True)
     sender.start()
     try:
-        # Admitted, it is sent to a prefill replica at once; killed before it arrives, it
-        # waits for a replica that is not there, which ends the same way.
-        wait_for(lambda: httpx.get(f"{cluster}/admin/admission", timeout=10).json()[
-            "running"] == 1, "the request admitted", 60)
-    finally:
-        for actor, _ in pool:
+        wait_for(lambda: kv_held("prefill") > 0, "the prompt's KV held for decode", 60)
+        for actor, _ in prefill:
             os.kill(actor.pid, signal.SIGKILL)
-        for _, cores in pool:  # a stopped process cannot notice that its parent died
-            for core in cores:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    core.resume()
+        killed = [core.pid for _, cores in prefill for core in cores]
+        wait_for(lambda: gone(killed), "the prefill engines gone", 60)
+    finally:
+        for core in decode_cores:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                core.resume()
+    sender.join(timeout=300)
+    response = answer["response"]
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert choice["token_ids"] == expected and choice["finish_reason"] == "length"
+    wait_for(lambda: total(scrape(METRICS_URL), "ray_pdserve_kv_transfer_failures_total",
+                           pool="decode") > failures_before, "the failed pull counted", 60)
+    nothing_leaked(cluster, killed)
+    wait_until_whole(cluster)
+
+
+def test_prefill_replicas_killed_midprefill_still_answer_every_token(cluster):
+    """Both prefill engines are stopped, so the request waits inside one of them; then both
+    replicas are killed: the prefill call fails, its retry meets the other dead replica,
+    and with no replica left the decode engine prefills the prompt at once, without
+    waiting for the prefill deadline or a replacement."""
+    prompt = unique_prompt(1500)  # ~7,800 tokens: through the prefill pool
+    expected = complete(cluster, prompt, max_tokens=16).json()["choices"][0]["token_ids"]
+    before = retried("prefill", "decode_local")
+    retried_before_giving_up = retried("prefill", "give_up")
+    deadlines_before = retried("prefill", None, "deadline")
+    # Admitted, it is sent to a prefill replica at once; killed before it arrives, it
+    # waits for a replica that is not there, which ends the same way.
+    answer: dict = {}
+    sender = threading.Thread(target=lambda: answer.update(
+        response_and_killed=_pool_killed_while_it_waits(cluster, "prefill", prompt)),
+        daemon=True)
+    sender.start()
     # Until a replacement starts, /health names the pool that has no replica.
     wait_for(lambda: "prefill-v1" in httpx.get(f"{cluster}/health", timeout=30).text,
              "/health naming the empty pool", 60)
     sender.join(timeout=300)
-    response = answer["response"]
+    response, killed = answer["response_and_killed"]
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["token_ids"] == expected
-    # The killed replica's call fails at once (unavailable) or, sent after the kill, finds
-    # no replica until its deadline; the retry then finds a replacement or, none yet, the
-    # decode engine prefills the prompt. Either way the prefill stage failed and was retried.
-    counted("prefill", None, None, before + 1)
+    # Every attempt failed because its replica died or none was left, none by waiting out
+    # its deadline, and the decode engine took the prompt.
+    counted("prefill", "decode_local", None, before + 1)
+    assert retried("prefill", None, "deadline") == deadlines_before
     assert retried("prefill", "give_up") == retried_before_giving_up
-    nothing_leaked(cluster, [core.pid for _, cores in pool for core in cores])
+    nothing_leaked(cluster, killed)
     wait_until_whole(cluster)
 
 
@@ -359,3 +451,119 @@ def test_an_engine_dead_inside_a_live_replica_costs_no_500_and_is_replaced(clust
     assert 200 in statuses
     nothing_leaked(cluster, [core.pid for core in cores])
     wait_until_whole(cluster)
+
+
+@contextlib.contextmanager
+def leaving_client(base_url: str, body: dict) -> Iterator[None]:
+    """A completion request sent over a raw socket, which is closed (the client gone)
+    when the block ends, before any answer is read."""
+    url = httpx.URL(base_url)
+    payload = json.dumps(body).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {url.host}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n")
+    with socket.create_connection((url.host, url.port), timeout=30) as connection:
+        connection.sendall(head.encode() + payload)
+        yield
+
+
+def router_replica() -> psutil.Process:
+    for process in psutil.process_iter(["name"]):
+        if is_replica(process, "router"):
+            return process
+    pytest.fail("no router replica process")
+
+
+def generated(pool: str) -> float:
+    return total(scrape(METRICS_URL), "ray_pdserve_engine_generation_tokens_total", pool=pool)
+
+
+def test_a_router_replica_killed_midstream_breaks_the_stream_and_stops_its_engine(cluster):
+    """The router replica holding a stream is SIGKILLed: the client sees the stream break
+    (never a clean end), and the decode engine stops generating for it instead of running
+    on to max_tokens for nobody (it aborts the requests of a caller that died)."""
+    max_tokens = 6000
+    wait_for(engines_quiet(), "every engine idle", RECOVERY_S)
+    tokens_before = generated("decode")
+    victim = router_replica()
+    body = {"model": MODEL, "prompt": unique_prompt(4), "temperature": 0,
+            "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    events, broken = [], None
+    try:
+        with httpx.stream("POST", f"{cluster}/v1/completions", json=body,
+                          timeout=120) as response:
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line)
+                if len(events) == 100 and victim.is_running():
+                    os.kill(victim.pid, signal.SIGKILL)
+    except httpx.HTTPError as error:  # the connection closed mid-body
+        broken = error
+    assert len(events) >= 100, events
+    assert broken is not None or events[-1] != "data: [DONE]", "the stream ended cleanly"
+    wait_for(engines_quiet(), "the decode engine stopped", RECOVERY_S)
+    # Ray exports counters every few seconds: wait until the count stops moving.
+    counts = [generated("decode")]
+    wait_for(lambda: counts.append(generated("decode")) or counts[-1] == counts[-2],
+             "the decode token count settled", 60)
+    assert counts[-1] - tokens_before < max_tokens, \
+        f"{counts[-1] - tokens_before} tokens generated for a stream nobody read"
+    wait_until_whole(cluster)
+    nothing_leaked(cluster)
+
+
+def test_a_flood_from_one_key_fills_only_its_share_and_a_queued_client_can_leave(cluster):
+    """With the decode engines stopped, one client (``user``) sends more than the budget
+    runs at once: two run, two wait, the fifth is refused at once (429, its share of the
+    queue is full) while another client's request is still admitted. A waiting client that
+    disconnects leaves the queue. Resumed, every admitted request is answered."""
+    def send(user: str, words: int) -> httpx.Response:
+        body = {"model": MODEL, "prompt": unique_prompt(words), "temperature": 0,
+                "max_tokens": 16, "user": user}
+        return httpx.post(f"{cluster}/v1/completions", json=body, timeout=300)
+
+    def admission() -> dict:
+        return httpx.get(f"{cluster}/admin/admission", timeout=10).json()
+
+    pool = replicas("decode")
+    cores = [core for _, cores_ in pool for core in cores_]
+    answers: dict[str, httpx.Response | Exception] = {}
+
+    def sender(name: str, user: str, words: int):
+        def run() -> None:
+            try:
+                answers[name] = send(user, words)
+            except httpx.HTTPError as error:
+                answers[name] = error
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    for core in cores:
+        core.suspend()
+    threads = []
+    try:
+        # ~3,600 prompt tokens each: two fit the budget of 9,000, the rest wait.
+        for i in range(4):
+            threads.append(sender(f"flood{i}", "flood", 700))
+        wait_for(lambda: (admission()["running"], admission()["queued"]) == (2, 2),
+                 "two of the flood running and two queued", 60)
+        refused = send("flood", 700)
+        assert refused.status_code == 429, refused.text
+        assert refused.headers["retry-after"] and refused.json()["error"]["code"] == "queue_full"
+        threads.append(sender("calm", "calm", 10))  # fits what the budget has left
+        wait_for(lambda: admission()["running"] == 3, "another key's request admitted", 60)
+        # A client that gives up while queued: its place in the queue is given back.
+        with leaving_client(cluster, {"model": MODEL, "prompt": unique_prompt(700),
+                                      "max_tokens": 16, "user": "leaver"}):
+            wait_for(lambda: admission()["queued"] == 3, "the leaving client queued", 60)
+        wait_for(lambda: admission()["queued"] == 2, "the gone client's place freed", 60)
+    finally:
+        for core in cores:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                core.resume()
+    for thread in threads:
+        thread.join(timeout=300)
+    for name in ("flood0", "flood1", "flood2", "flood3", "calm"):
+        assert answers[name].status_code == 200, (name, answers[name])
+    nothing_leaked(cluster)
