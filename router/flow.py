@@ -31,6 +31,10 @@ T = TypeVar("T")
 POOL_CHECK_S = 0.25
 
 
+# Calls to give a KV handle up, while each meets a replica that died.
+RELEASE_ATTEMPTS = 3
+
+
 class PoolEmpty(Exception):
     """The pool has no replica left: a call to it would wait for a replacement."""
 
@@ -187,13 +191,21 @@ class DisaggregatedFlow:
 
     def _release(self, request_id: str, handle) -> None:
         """Ask a decode replica, in the background, to give ``handle`` up (vLLM's
-        rejected-transfer notification); a failure only leaves the blocks to their lease."""
+        rejected-transfer notification); a failure only leaves the blocks to their lease.
+        A replica that died is not asked again (Serve drops it), so the call is retried
+        while that is the failure: the decode replica that failed is often the one asked."""
         async def release() -> None:
-            try:
-                await self._decode_unary.release_handle.remote(request_id, handle)
-            except Exception as error:
-                logger.warning("request %s: releasing its KV handle failed (%r); its "
-                               "blocks are freed when their lease expires", request_id, error)
+            for attempt in range(1, RELEASE_ATTEMPTS + 1):
+                try:
+                    await self._decode_unary.release_handle.remote(request_id, handle)
+                    return
+                except Exception as error:
+                    if self._classify(error) == "died" and attempt < RELEASE_ATTEMPTS:
+                        continue
+                    logger.warning("request %s: releasing its KV handle failed (%r); its "
+                                   "blocks are freed when their lease expires", request_id,
+                                   error)
+                    return
 
         task = asyncio.ensure_future(release())
         self._releases.add(task)  # kept referenced until done

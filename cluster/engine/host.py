@@ -144,6 +144,8 @@ class EngineHost:
         blocks are held until decode engines have pulled them); False on timeout."""
         deadline = time.monotonic() + timeout_s
         while self.stats.kv_cache_usage > 0 or self.stats.queued_prefill_tokens > 0:
+            if self.engine_dead:  # its figures are frozen, and nothing can pull its blocks
+                return False
             if time.monotonic() > deadline:
                 return False
             await asyncio.sleep(poll_s)

@@ -524,3 +524,28 @@ def test_an_engine_ending_every_attempt_is_a_503_never_a_finished_answer():
     with pytest.raises(APIError) as caught:
         asyncio.run(collect(flow, "decode_local"))
     assert caught.value.status == 503 and "Retry-After" in caught.value.headers
+
+
+def test_giving_a_handle_up_is_asked_again_past_replicas_that_died():
+    class Died(Exception):
+        pass
+
+    refusals = [Died(), Died()]
+
+    async def release(request_id, handle) -> None:
+        if refusals:
+            raise refusals.pop(0)
+
+    decode = Replicas(FakeStream([], then="fail"), FakeStream(outputs(1)))
+    decode.release_handle = Method(release)
+    flow = DisaggregatedFlow(
+        FakePrefill(PrefillResult(KV, 4)), decode, retry=RetryPolicy(),
+        classify=lambda error: "died")
+
+    async def run():
+        received = await collect(flow, "disaggregated")
+        await eventually(lambda: not flow._releases)  # the release runs in the background
+        return received
+
+    assert asyncio.run(run()) == outputs(1)
+    assert len(decode.release_handle.calls) == 3  # two met dead replicas, the third freed it
