@@ -151,7 +151,7 @@ def _up(config: PDServeConfig) -> int:
     from ray import serve
 
     from cluster.app import build_app
-    from cluster.serve_config import APP_NAME
+    from cluster.serve_config import APP_NAME, http_options
 
     serving, stop = threading.Event(), threading.Event()
 
@@ -166,7 +166,7 @@ def _up(config: PDServeConfig) -> int:
 
     _start_ray(config)
     try:
-        serve.start(http_options={"host": config.router.host, "port": config.router.port})
+        serve.start(http_options=http_options(config))
         serve.run(build_app(config), name=APP_NAME, route_prefix="/", blocking=False)
         serving.set()
         _print_banner(config)

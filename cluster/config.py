@@ -419,6 +419,11 @@ class Deadlines(StrictModel):
         60, gt=0, description="a decode engine's first output (its KV pull included)")
     token_gap_s: float | None = Field(
         30, gt=0, description="the longest wait between two outputs of a decode stream")
+    request_s: float | None = Field(
+        None, gt=0, description="a whole request, from the router taking it to its last "
+        "output, retries included; when it passes nothing is retried (None: no limit, each "
+        "stage keeps its own). Also Serve's proxy timeout, a few seconds later, so a "
+        "request waiting in front of the router is bounded too")
 
 
 class RouterConfig(StrictModel):

@@ -22,6 +22,22 @@ APP_NAME = "pdserve"  # the Serve application, whichever way it is deployed
 APP_IMPORT_PATH = "cluster.app:app_builder"
 
 
+# Serve's proxy gives up this long after the router's own request deadline: the router
+# answers first (OpenAI-shaped); the proxy's timeout only bounds a request still waiting
+# in front of a router replica.
+PROXY_TIMEOUT_MARGIN_S = 5.0
+
+
+def http_options(config: PDServeConfig) -> dict[str, Any]:
+    """Serve's HTTP options: where the proxy listens and, with a whole-request deadline
+    (``router.deadlines.request_s``), its request timeout."""
+    options: dict[str, Any] = {"host": config.router.host, "port": config.router.port}
+    request_s = config.router.deadlines.request_s
+    if request_s is not None:
+        options["request_timeout_s"] = request_s + PROXY_TIMEOUT_MARGIN_S
+    return options
+
+
 def serve_config(config: PDServeConfig, config_path: Path) -> dict[str, Any]:
     """The ``ServeDeploySchema`` document that serves ``config`` (read from ``config_path``
     on the cluster: use a path every node can read)."""
@@ -39,6 +55,6 @@ def serve_config(config: PDServeConfig, config_path: Path) -> dict[str, Any]:
         application["autoscaling_policy"] = app_autoscaling_policy(scaling, config.slo, pools)
     return {
         "proxy_location": "EveryNode",
-        "http_options": {"host": config.router.host, "port": config.router.port},
+        "http_options": http_options(config),
         "applications": [application],
     }

@@ -105,7 +105,7 @@ class DisaggregatedFlow:
         while True:
             attempts += 1
             try:
-                result = await self._prefill_once(request)
+                result = await self._prefill_once(request, start)
                 self._prefill_breaker.succeeded()
                 return result.handle
             except Exception as error:  # not CancelledError: the client left
@@ -124,7 +124,7 @@ class DisaggregatedFlow:
                         self._prefill_breaker.failed(self._clock())
                     return None
 
-    async def _prefill_once(self, request: EngineRequest) -> PrefillResult:
+    async def _prefill_once(self, request: EngineRequest, start: float) -> PrefillResult:
         """One prefill call, within the prefill deadline; ``PoolEmpty`` as soon as the pool
         has no replica (at the start, or while the call waits for one)."""
         if self._prefill_replicas() == 0:
@@ -132,7 +132,7 @@ class DisaggregatedFlow:
         response = self._prefill.prefill.remote(request)
         call = asyncio.ensure_future(response)
         try:
-            async with asyncio.timeout(self._deadlines.prefill_s):
+            async with asyncio.timeout(self._capped(self._deadlines.prefill_s, start)):
                 while not (await asyncio.wait({call}, timeout=POOL_CHECK_S))[0]:
                     if self._prefill_replicas() == 0:
                         raise PoolEmpty("every prefill replica died while the prompt waited")
@@ -156,7 +156,7 @@ class DisaggregatedFlow:
             try:
                 timeout = self._first_output_deadline(request, one_piece)
                 while not finished:
-                    output = await _within(anext(stream), timeout)
+                    output = await _within(anext(stream), self._capped(timeout, start))
                     timeout = self._deadlines.token_gap_s
                     _refuse_engine_end(output)
                     finished = output.finished
@@ -210,6 +210,15 @@ class DisaggregatedFlow:
         task = asyncio.ensure_future(release())
         self._releases.add(task)  # kept referenced until done
         task.add_done_callback(self._releases.discard)
+
+    def _capped(self, timeout_s: float | None, start: float) -> float | None:
+        """``timeout_s``, or what is left of the whole request's deadline if that is less
+        (the policy's ``request_s``: it gives the request up when that has passed)."""
+        request_s = self._retry.request_s
+        if request_s is None:
+            return timeout_s
+        left = max(0.0, start + request_s - self._clock())
+        return left if timeout_s is None else min(timeout_s, left)
 
     def _first_output_deadline(self, request: EngineRequest, one_piece: bool) -> float | None:
         first, gap = self._deadlines.first_token_s, self._deadlines.token_gap_s

@@ -42,19 +42,24 @@ class RetryPolicy:
     max_retry_s: float = 60.0     # no new attempt this long after the request started
 
     prefill_cooldown_s: float = 10.0  # after a prefill pool failure, prompts skip it
+    request_s: float | None = None    # the whole request's deadline (router.deadlines)
 
     @classmethod
-    def from_config(cls, config: RetryConfig) -> RetryPolicy:
+    def from_config(cls, config: RetryConfig, request_s: float | None = None) -> RetryPolicy:
         return cls(prefill_attempts=config.prefill_attempts,
                    decode_attempts=config.decode_attempts,
                    max_migrations=config.max_migrations, max_retry_s=config.max_retry_s,
-                   prefill_cooldown_s=config.prefill_cooldown_s)
+                   prefill_cooldown_s=config.prefill_cooldown_s, request_s=request_s)
+
+    def _out_of_time(self, elapsed_s: float) -> bool:
+        return elapsed_s >= self.max_retry_s or (
+            self.request_s is not None and elapsed_s >= self.request_s)
 
     def after_prefill_failure(self, failure: Failure, attempts: int,
                               elapsed_s: float, pool_empty: bool = False) -> Action:
         """After the ``attempts``-th prefill attempt failed with ``failure``;
         ``pool_empty``: the pool has no replica left (a retry would wait for one)."""
-        if failure not in RETRYABLE or elapsed_s >= self.max_retry_s:
+        if failure not in RETRYABLE or self._out_of_time(elapsed_s):
             return "give_up"
         if attempts < self.prefill_attempts and not pool_empty:
             return "retry_prefill"
@@ -66,7 +71,7 @@ class RetryPolicy:
         """After a decode run failed; ``attempts`` decode runs started so far, of which
         ``migrations`` were continuations; ``tokens_sent`` already reached the client;
         ``constrained``: the request samples under a grammar (structured outputs)."""
-        if failure not in RETRYABLE or elapsed_s >= self.max_retry_s:
+        if failure not in RETRYABLE or self._out_of_time(elapsed_s):
             return "give_up"
         # A replica that died is never tried again, so retries after deaths are bounded
         # by the pool's size (and max_retry_s), not by the attempt counts: a whole pool

@@ -163,7 +163,8 @@ class Router:
         for name in config.versions:
             flow = DisaggregatedFlow(
                 pools[name]["prefill"], pools[name]["decode"],
-                retry=RetryPolicy.from_config(config.router.retries),
+                retry=RetryPolicy.from_config(config.router.retries,
+                                              config.router.deadlines.request_s),
                 deadlines=config.router.deadlines,
                 on_retry=retry_counter(name, functools.partial(self._fault_seen, name)),
                 caller=caller, prefill_replicas=functools.partial(

@@ -36,7 +36,7 @@ from ray.autoscaler._private.util import prepare_config, validate_config
 from ray.core.generated.common_pb2 import Bundle, PlacementStrategy
 from ray.core.generated.gcs_pb2 import PlacementGroupTableData
 
-from cluster.config import PDServeConfig, PoolConfig, load_config
+from cluster.config import PDServeConfig, PoolConfig, load_config, parse_config
 from cluster.engine.args import pool_deployment_options
 
 REPO = Path(__file__).resolve().parents[2]
@@ -318,3 +318,13 @@ def test_the_serve_configs_are_all_here() -> None:
 @pytest.mark.parametrize("path", SERVE_CONFIGS, ids=_ids(SERVE_CONFIGS))
 def test_serve_config_loads(path: Path) -> None:
     assert isinstance(load_config(path), PDServeConfig)
+
+
+def test_a_whole_request_deadline_bounds_the_proxy_too() -> None:
+    from cluster.serve_config import PROXY_TIMEOUT_MARGIN_S, http_options
+
+    config = parse_config({"model": {"name": "m", "path": "/m"},
+                           "router": {"deadlines": {"request_s": 120}}})
+    assert http_options(config)["request_timeout_s"] == 120 + PROXY_TIMEOUT_MARGIN_S
+    unbounded = parse_config({"model": {"name": "m", "path": "/m"}})
+    assert "request_timeout_s" not in http_options(unbounded)

@@ -549,3 +549,24 @@ def test_giving_a_handle_up_is_asked_again_past_replicas_that_died():
 
     assert asyncio.run(run()) == outputs(1)
     assert len(decode.release_handle.calls) == 3  # two met dead replicas, the third freed it
+
+
+def test_when_the_whole_requests_deadline_passes_nothing_is_retried():
+    hung = FakeStream([output(0)], then="block")
+    decode = Replicas(hung, FakeStream(outputs(3)))
+    noted = []
+    flow = DisaggregatedFlow(
+        FakePrefill(PrefillResult(KV, 4)), decode, retry=RetryPolicy(request_s=0.05),
+        classify=lambda error: "deadline" if isinstance(error, TimeoutError) else "internal",
+        on_retry=lambda stage, failure, action, request_id: noted.append((failure, action)))
+
+    async def run():
+        received = []
+        with pytest.raises(TimeoutError):
+            async for item in flow.generate(REQUEST, "decode_local"):
+                received.append(item)
+        return received
+
+    assert asyncio.run(run()) == [output(0)]  # no gap deadline: the request's own ended it
+    assert hung.cancelled and noted == [("deadline", "give_up")]
+    assert len(decode.generate.calls) == 1

@@ -90,3 +90,11 @@ def test_replicas_that_died_do_not_use_up_the_attempts_only_the_retry_time():
     assert decode("deadline", tokens_sent=3, migrations=5) == "give_up"
     assert decode("died", attempts=5, elapsed_s=30) == "give_up"
     assert decode("died", tokens_sent=3, choices=2) == "give_up"  # still not continuable
+
+
+def test_nothing_starts_once_the_whole_requests_deadline_passed():
+    policy = RetryPolicy(max_retry_s=60, request_s=10)
+    assert policy.after_prefill_failure("died", attempts=1, elapsed_s=10) == "give_up"
+    assert policy.after_decode_failure("died", tokens_sent=3, attempts=1, migrations=0,
+                                       elapsed_s=10, choices=1, constrained=False) == "give_up"
+    assert policy.after_prefill_failure("died", attempts=1, elapsed_s=9) == "retry_prefill"
