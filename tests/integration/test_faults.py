@@ -624,39 +624,3 @@ def test_a_client_gone_during_its_prefill_leaves_no_work_behind(cluster):
     wait_for(engines_quiet(), "every engine idle", RECOVERY_S)
     assert generated("decode") == decoded_before, "a decode engine generated for a client gone"
 
-
-def test_a_kv_handle_nobody_claims_is_freed_by_its_lease(cluster):
-    """A prompt is prefilled for a decode engine that is stopped, and the router replica
-    that holds the request is killed: no decode engine will pull the blocks and nobody is
-    left to give them up. The prefill engine frees them when vLLM's lease on them expires
-    (kv_lease_duration, 30 s by default), and the service is whole again."""
-    decode_cores = [core for _, cores in replicas("decode") for core in cores]
-    victim = router_replica()
-    for core in decode_cores:
-        core.suspend()
-    answer: dict = {}
-
-    def send() -> None:
-        try:
-            answer["response"] = complete(cluster, unique_prompt(100), max_tokens=16)
-        except httpx.HTTPError as error:  # the connection closed with the router
-            answer["response"] = error
-
-    sender = threading.Thread(target=send, daemon=True)
-    sender.start()
-    try:
-        wait_for(lambda: kv_held("prefill") > 0, "the prompt's KV held for decode", 60)
-        os.kill(victim.pid, signal.SIGKILL)
-        injected()
-    finally:
-        for core in decode_cores:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                core.resume()
-    sender.join(timeout=300)
-    response = answer["response"]
-    assert not (isinstance(response, httpx.Response) and response.status_code == 200), \
-        "a request whose router died was answered as if nothing happened"
-    wait_for(lambda: kv_held("prefill") == 0, "the unclaimed blocks freed by their lease",
-             120)
-    wait_until_whole(cluster)
-    nothing_leaked(cluster)
