@@ -623,4 +623,3 @@ def test_a_client_gone_during_its_prefill_leaves_no_work_behind(cluster):
     nothing_leaked(cluster)
     wait_for(engines_quiet(), "every engine idle", RECOVERY_S)
     assert generated("decode") == decoded_before, "a decode engine generated for a client gone"
-
