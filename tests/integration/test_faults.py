@@ -298,6 +298,29 @@ def _fault_midstream(base_url: str, act) -> tuple[list[int], list[int], list]:
     return expected, received, [other, victim]
 
 
+class Background:
+    """``call()`` run on a daemon thread (a request that blocks while the test injects a
+    fault); ``result()`` waits for it and gives what it returned, or raises what it raised."""
+
+    def __init__(self, call):
+        self._outcome: dict = {}
+
+        def run() -> None:
+            try:
+                self._outcome["value"] = call()
+            except Exception as error:  # handed to the test's thread by result()
+                self._outcome["error"] = error
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def result(self, timeout_s: float = 300):
+        self._thread.join(timeout=timeout_s)
+        if "error" in self._outcome:
+            raise self._outcome["error"]
+        return self._outcome["value"]
+
+
 def _pool_killed_while_it_waits(base_url: str, pool_name: str, prompt: str,
                                 waiting=lambda: True) -> tuple[httpx.Response, list[int]]:
     """Stop (SIGSTOP) the pool's engines, send a greedy request of ``prompt``, and once
@@ -307,10 +330,7 @@ def _pool_killed_while_it_waits(base_url: str, pool_name: str, prompt: str,
     for _, cores in pool:
         for core in cores:
             core.suspend()
-    answer: dict = {}
-    sender = threading.Thread(target=lambda: answer.update(
-        response=complete(base_url, prompt, max_tokens=16)), daemon=True)
-    sender.start()
+    answer = Background(lambda: complete(base_url, prompt, max_tokens=16))
     try:
         wait_for(lambda: httpx.get(f"{base_url}/admin/admission", timeout=10).json()[
             "running"] == 1, "the request admitted", 60)
@@ -323,8 +343,7 @@ def _pool_killed_while_it_waits(base_url: str, pool_name: str, prompt: str,
             for core in cores:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     core.resume()
-    sender.join(timeout=300)
-    return answer["response"], [core.pid for _, cores in pool for core in cores]
+    return answer.result(), [core.pid for _, cores in pool for core in cores]
 
 
 def test_a_decode_replica_killed_midstream_loses_no_token(cluster):
@@ -391,10 +410,7 @@ def test_the_prefill_lost_while_decode_waits_to_pull_is_recomputed_never_a_silen
     prefill = replicas("prefill")
     for core in decode_cores:
         core.suspend()
-    answer: dict = {}
-    sender = threading.Thread(target=lambda: answer.update(
-        response=complete(cluster, prompt, max_tokens=16)), daemon=True)
-    sender.start()
+    answer = Background(lambda: complete(cluster, prompt, max_tokens=16))
     try:
         wait_for(lambda: kv_held("prefill") > 0, "the prompt's KV held for decode", 60)
         for actor, _ in prefill:
@@ -406,8 +422,7 @@ def test_the_prefill_lost_while_decode_waits_to_pull_is_recomputed_never_a_silen
         for core in decode_cores:
             with contextlib.suppress(psutil.NoSuchProcess):
                 core.resume()
-    sender.join(timeout=300)
-    response = answer["response"]
+    response = answer.result()
     assert response.status_code == 200, response.text
     choice = response.json()["choices"][0]
     assert choice["token_ids"] == expected and choice["finish_reason"] == "length"
@@ -429,16 +444,11 @@ def test_prefill_replicas_killed_midprefill_still_answer_every_token(cluster):
     deadlines_before = retried("prefill", None, "deadline")
     # Admitted, it is sent to a prefill replica at once; killed before it arrives, it
     # waits for a replica that is not there, which ends the same way.
-    answer: dict = {}
-    sender = threading.Thread(target=lambda: answer.update(
-        response_and_killed=_pool_killed_while_it_waits(cluster, "prefill", prompt)),
-        daemon=True)
-    sender.start()
+    answer = Background(lambda: _pool_killed_while_it_waits(cluster, "prefill", prompt))
     # Until a replacement starts, /health names the pool that has no replica.
     wait_for(lambda: "prefill-v1" in httpx.get(f"{cluster}/health", timeout=30).text,
              "/health naming the empty pool", 60)
-    sender.join(timeout=300)
-    response, killed = answer["response_and_killed"]
+    response, killed = answer.result()
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["token_ids"] == expected
     # Every attempt failed because its replica died or none was left, none by waiting out
@@ -568,31 +578,19 @@ def test_a_flood_from_one_key_fills_only_its_share_and_a_queued_client_can_leave
 
     pool = replicas("decode")
     cores = [core for _, cores_ in pool for core in cores_]
-    answers: dict[str, httpx.Response | Exception] = {}
-
-    def sender(name: str, user: str, words: int):
-        def run() -> None:
-            try:
-                answers[name] = send(user, words)
-            except httpx.HTTPError as error:
-                answers[name] = error
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        return thread
-
+    answers: dict[str, Background] = {}
     for core in cores:
         core.suspend()
-    threads = []
     try:
         # ~3,600 prompt tokens each: two fit the budget of 9,000, the rest wait.
         for i in range(4):
-            threads.append(sender(f"flood{i}", "flood", 700))
+            answers[f"flood{i}"] = Background(lambda: send("flood", 700))
         wait_for(lambda: (admission()["running"], admission()["queued"]) == (2, 2),
                  "two of the flood running and two queued", 60)
         refused = send("flood", 700)
         assert refused.status_code == 429, refused.text
         assert refused.headers["retry-after"] and refused.json()["error"]["code"] == "queue_full"
-        threads.append(sender("calm", "calm", 10))  # fits what the budget has left
+        answers["calm"] = Background(lambda: send("calm", 10))  # fits what is left
         wait_for(lambda: admission()["running"] == 3, "another key's request admitted", 60)
         # A client that gives up while queued: its place in the queue is given back.
         with leaving_client(cluster, {"model": MODEL, "prompt": unique_prompt(700),
@@ -603,10 +601,9 @@ def test_a_flood_from_one_key_fills_only_its_share_and_a_queued_client_can_leave
         for core in cores:
             with contextlib.suppress(psutil.NoSuchProcess):
                 core.resume()
-    for thread in threads:
-        thread.join(timeout=300)
-    for name in ("flood0", "flood1", "flood2", "flood3", "calm"):
-        assert answers[name].status_code == 200, (name, answers[name])
+    for name, answer in answers.items():
+        response = answer.result()
+        assert response.status_code == 200, (name, response.text)
     nothing_leaked(cluster)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from cluster.engine.callers import CallerWatch
+from tests.fake_time import eventually
 
 ROUTER_A = ("serve", "SERVE_REPLICA::pdserve#router#a")
 ROUTER_B = ("serve", "SERVE_REPLICA::pdserve#router#b")
@@ -64,11 +65,9 @@ def test_the_watch_checks_by_itself_while_requests_are_in_flight():
         liveness = {ROUTER_A: True}
         watch, aborted, checked = watch_with(liveness)
         watch.track("a1", ROUTER_A)
-        while not checked:  # the periodic check runs with nobody calling it
-            await asyncio.sleep(0.01)
+        await eventually(lambda: checked)  # the periodic check runs with nobody calling it
         liveness[ROUTER_A] = False
-        while not aborted:
-            await asyncio.sleep(0.01)
+        await eventually(lambda: aborted)
         assert aborted == ["a1"]
 
-    asyncio.run(asyncio.wait_for(run(), 10))
+    asyncio.run(run())
