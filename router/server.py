@@ -53,6 +53,7 @@ from router.limits import check_body, check_declared_size, check_received_size
 from router.pool_view import known_replicas
 from router.protocol import refuse_not_honoured
 from router.retry import RetryPolicy
+from router.sse import line_safe
 from router.timing_metrics import RequestObserver, count_refusal, retry_counter
 from router.versions import choose_version, sticky_key_for
 from router.vllm_frontend import (
@@ -381,7 +382,7 @@ class Router:
         completed = False
         try:
             async for event in events:
-                yield event
+                yield line_safe(event)
             completed = True
         finally:
             await events.aclose()

@@ -25,13 +25,15 @@ import time
 
 import httpx
 
+from router.sse import sse_lines
+
 
 def largest_gap(url: str, model: str, tokens: int, during=None) -> float:
     body = {"model": model, "prompt": "a stream", "temperature": 0, "max_tokens": tokens,
             "ignore_eos": True, "stream": True}
     arrivals: list[float] = []
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=300) as response:
-        for line in response.iter_lines():
+        for line in sse_lines(response.iter_bytes()):
             if line.startswith("data: {"):
                 arrivals.append(time.monotonic())
                 if during is not None and len(arrivals) == tokens // 4:

@@ -10,6 +10,7 @@ import httpx
 
 from cluster.bench.stats import RequestRecord
 from cluster.bench.workload import PlannedRequest
+from router.sse import sse_lines_async
 
 
 async def run_workload(
@@ -59,7 +60,7 @@ async def _send(client: httpx.AsyncClient, model: str, planned: PlannedRequest,
                 await response.aread()
                 record.error = f"http_{response.status_code}"
                 return
-            async for line in response.aiter_lines():
+            async for line in sse_lines_async(response.aiter_bytes()):
                 _consume(line, record, time.perf_counter() - start)
     except httpx.TimeoutException:
         record.error = "timeout"

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from router.sse import sse_lines
+
 # The test cluster requires an API key (router.auth in pdserve-test.yaml).
 API_KEY = "sk-pdserve-test"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -67,7 +69,7 @@ def _from_body(response: httpx.Response) -> Generation:
 def _from_events(response: httpx.Response) -> Generation:
     result = Generation(response.status_code, headers=dict(response.headers))
     done = False
-    for line in response.iter_lines():
+    for line in sse_lines(response.iter_bytes()):
         if not line:
             continue
         assert line.startswith("data: "), line

@@ -31,6 +31,7 @@ import ray
 
 from cluster import processes
 from cluster.config import load_config
+from router.sse import sse_lines
 from tests.integration.conftest import (
     LOG_DIR,
     REPO,
@@ -236,7 +237,7 @@ def stream_tokens(base_url: str, prompt: str, max_tokens: int,
     tokens, other = [], []
     with httpx.stream("POST", f"{base_url}/v1/completions", json=body, timeout=600) as response:
         assert response.status_code == 200, response.read()
-        for line in response.iter_lines():
+        for line in sse_lines(response.iter_bytes()):
             if not line.startswith("data: "):
                 continue
             if line == "data: [DONE]":
@@ -546,7 +547,7 @@ def test_a_router_replica_killed_midstream_breaks_the_stream_and_stops_its_engin
         with httpx.stream("POST", f"{cluster}/v1/completions", json=body,
                           timeout=120) as response:
             assert response.status_code == 200
-            for line in response.iter_lines():
+            for line in sse_lines(response.iter_bytes()):
                 if line.startswith("data: "):
                     events.append(line)
                 if len(events) == 100 and victim.is_running():

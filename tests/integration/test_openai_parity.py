@@ -43,6 +43,7 @@ import pytest
 from cluster import processes
 from cluster.engine.args import baseline_flags
 from router.protocol import NOT_HONOURED
+from router.sse import sse_lines
 from tests.integration.conftest import CONFIG, MODEL, REPO
 from tests.integration.openai_http import AUTH
 
@@ -379,7 +380,7 @@ def send(base_url: str, case: Case, stream: bool, headers: dict | None = None) -
                 response.read()
                 return Answer(response.status_code, _json_or_text(response))
             answer = Answer(response.status_code, events=[])
-            for line in response.iter_lines():
+            for line in sse_lines(response.iter_bytes()):
                 if not line or line.startswith(":"):  # blank separators, keep-alive comments
                     continue
                 assert line.startswith("data: "), f"not an SSE data line: {line!r}"

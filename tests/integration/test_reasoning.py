@@ -19,6 +19,7 @@ import json
 import httpx
 import pytest
 
+from router.sse import sse_lines
 from tests.integration.openai_http import AUTH
 
 pytestmark = pytest.mark.integration
@@ -49,7 +50,7 @@ def streamed_message(base_url: str, body: dict) -> tuple[str, str]:
     with httpx.stream("POST", f"{base_url}/v1/chat/completions", headers=AUTH, timeout=300,
                       json={**body, "stream": True}) as response:
         assert response.status_code == 200, response.read()
-        for line in response.iter_lines():
+        for line in sse_lines(response.iter_bytes()):
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             for choice in json.loads(line[len("data: "):])["choices"]:

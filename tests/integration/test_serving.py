@@ -9,6 +9,7 @@ import httpx
 import openai
 import pytest
 
+from router.sse import sse_lines, sse_lines_async
 from tests.integration.conftest import CONFIG, MODEL, engine_stats, wait_until_idle
 from tests.integration.openai_http import API_KEY, AUTH, generate
 
@@ -44,7 +45,7 @@ def test_sixteen_concurrent_streams_complete_and_free_their_kv(pdserve):
         tokens, usage, finish = 0, None, None
         async with client.stream("POST", "/v1/completions", json=body) as response:
             assert response.status_code == 200
-            async for line in response.aiter_lines():
+            async for line in sse_lines_async(response.aiter_bytes()):
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 event = json.loads(line[6:])
@@ -159,7 +160,7 @@ def test_client_disconnect_aborts_the_request_on_both_engines(pdserve):
         client.stream("POST", "/v1/completions", json=body) as response,
     ):
         assert response.status_code == 200
-        lines = response.iter_lines()
+        lines = sse_lines(response.iter_bytes())
         received = [next(lines) for _ in range(6)]
         assert all(line.startswith("data: ") or not line for line in received)
     # leaving the block closed the connection mid-stream
@@ -169,6 +170,22 @@ def test_client_disconnect_aborts_the_request_on_both_engines(pdserve):
     # The engines keep serving.
     assert generate(pdserve, "chat", MODEL, "hello again", stream=True, max_tokens=4).status == 200
     assert engine_stats(pdserve)["decode"]["num_running"] == 0
+
+
+def test_a_streamed_event_is_one_line_whatever_its_text_holds(pdserve):
+    """U+2028, U+2029 and U+0085 are line breaks to str.splitlines (httpx's iter_lines)
+    and unescaped in vLLM's JSON; the router escapes them (router/sse.py). Echo puts them
+    in the stream's text deterministically."""
+    prompt = "line\u2028separator\x85next\u2029paragraph"
+    body = {"model": MODEL, "prompt": prompt, "echo": True, "max_tokens": 2, "stream": True}
+    response = httpx.post(f"{pdserve}/v1/completions", headers=AUTH, json=body, timeout=60)
+    assert response.status_code == 200
+    lines = [line for line in response.text.split("\n") if line]  # the router writes LF
+    assert lines[-1] == "data: [DONE]"
+    assert all(line.startswith("data: ") and len(line.splitlines()) == 1 for line in lines)
+    text = "".join(choice["text"] for line in lines[:-1]
+                   for choice in json.loads(line[len("data: "):])["choices"])
+    assert text.startswith(prompt)
 
 
 def test_health_and_models(pdserve):

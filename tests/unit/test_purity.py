@@ -28,7 +28,7 @@ HEAVY = {"ray", "vllm", "torch", "nixl", "transformers", "subprocess"}
 MUST_BE_PURE = [
     "router/admission.py", "router/versions.py", "router/canary.py",
     "router/replica_choice.py", "router/disaggregation.py", "router/protocol.py",
-    "router/errors.py", "router/auth.py", "router/timing.py",
+    "router/errors.py", "router/auth.py", "router/timing.py", "router/sse.py",
     "cluster/autoscaling/policy.py", "cluster/autoscaling/schedule.py",
     "cluster/autoscaling/config.py", "cluster/config.py", "cluster/strict.py",
     "cluster/engine/messages.py", "cluster/engine/stats.py", "cluster/engine/load_report.py",
