@@ -24,6 +24,8 @@ from pathlib import Path
 
 from cluster.config import DEFAULT_CONFIG_PATH, ConfigError, PDServeConfig, load_config
 
+SERVING_BANNER = "pdserve is serving"  # printed once serve.run has returned: ready
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pdserve", description=__doc__.splitlines()[0])
@@ -212,7 +214,7 @@ def _print_banner(config: PDServeConfig) -> None:
     base = f"http://{config.router.host}:{config.router.port}/v1"
     print(
         f"""
-pdserve is serving '{config.model.name}' at {base}
+{SERVING_BANNER} '{config.model.name}' at {base}
 
   curl -N {base}/chat/completions -H 'Content-Type: application/json' \\
     -d '{{"model": "{config.model.name}", "stream": true, "max_tokens": 32,

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 
+from cluster.cli import SERVING_BANNER
 from cluster.config import PDServeConfig
 from cluster.engine.args import baseline_env, baseline_flags
 from kv_transfer.connector import Role
@@ -47,6 +48,7 @@ class ManagedServer:
     process: subprocess.Popen
     log: Path
     base_url: str
+    ready_line: str | None = None  # also wait for this in its output (not only health)
 
     def log_tail(self, chars: int = 3000) -> str:
         try:
@@ -67,18 +69,37 @@ def start(name: str, args: list[str], base_url: str, log_dir: Path, cwd: Path,
 
 
 def wait_ready(server: ManagedServer, timeout_s: float = 420, path: str = "/health") -> None:
+    """Until ``path`` answers 200 and, if the server has one, its ready line was printed.
+
+    pdserve's router answers /health before ``serve.run`` has returned (other deployments
+    may still be starting): until its banner, ``pdserve up`` is still starting, and a
+    SIGINT then is an interrupted start (exit 130), not a shutdown.
+    """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
             raise ServerFailed(f"{server.name} exited with {server.process.returncode}; "
                                f"log {server.log}:\n{server.log_tail()}")
-        try:
-            if httpx.get(server.base_url + path, timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
+        if _answers(server.base_url + path) and _printed(server, server.ready_line):
+            return
         time.sleep(2)
     raise ServerFailed(f"{server.name} not ready after {timeout_s:.0f}s; log {server.log}")
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _printed(server: ManagedServer, line: str | None) -> bool:
+    if line is None:
+        return True
+    try:
+        return line in server.log.read_text(errors="replace")
+    except OSError:
+        return False
 
 
 def stop(server: ManagedServer, sig: int = signal.SIGINT, timeout_s: float = 120) -> int | None:
@@ -111,7 +132,9 @@ def start_pdserve(config_path: Path, config: PDServeConfig, log_dir: Path,
                   cwd: Path) -> ManagedServer:
     base_url = f"http://{config.router.host}:{config.router.port}"
     args = [sys.executable, "-m", "cluster.cli", "up", "--config", str(config_path)]
-    return start("pdserve", args, base_url, log_dir, cwd)
+    server = start("pdserve", args, base_url, log_dir, cwd)
+    server.ready_line = SERVING_BANNER
+    return server
 
 
 def frontend_flags(config: PDServeConfig) -> list[str]:

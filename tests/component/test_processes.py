@@ -14,8 +14,16 @@ class Ok(http.server.BaseHTTPRequestHandler):
         self.send_response(200); self.end_headers()
     def log_message(self, *args):
         pass
+server = http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Ok)
+if len(sys.argv) > 2:  # answers at once, prints its ready line only once the file appears
+    import os, threading, time
+    def announce():
+        while not os.path.exists(sys.argv[2]):
+            time.sleep(0.05)
+        print("ready now", flush=True)
+    threading.Thread(target=announce, daemon=True).start()
 try:
-    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Ok).serve_forever()
+    server.serve_forever()
 except KeyboardInterrupt:
     pass
 """
@@ -28,9 +36,9 @@ def free_port() -> int:
     return port
 
 
-def start(tmp_path):
+def start(tmp_path, *extra: str):
     port = free_port()
-    return processes.start("ok", [sys.executable, "-c", SERVER, str(port)],
+    return processes.start("ok", [sys.executable, "-c", SERVER, str(port), *extra],
                            f"http://127.0.0.1:{port}", tmp_path, tmp_path)
 
 
@@ -45,3 +53,15 @@ def test_running_stops_the_server_when_its_user_fails(tmp_path):
     with pytest.raises(RuntimeError), processes.running(server):
         raise RuntimeError("the benchmark failed")
     assert server.process.poll() is not None
+
+
+def test_a_server_with_a_ready_line_is_ready_only_once_it_printed_it(tmp_path):
+    go = tmp_path / "go"
+    server = start(tmp_path, str(go))
+    server.ready_line = "ready now"
+    with pytest.raises(processes.ServerFailed, match="not ready"):
+        processes.wait_ready(server, timeout_s=3)  # healthy, but no ready line yet
+    go.touch()
+    with processes.running(server):
+        assert "ready now" in server.log.read_text()
+    assert server.process.returncode == 0
