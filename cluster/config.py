@@ -218,6 +218,11 @@ class KVTransferConfig(StrictModel):
         "itself (recompute) instead of ending the request with finish_reason 'error' "
         "(vLLM's kv_load_failure_policy, whose own default is fail)",
     )
+    lease_s: int = Field(
+        30, ge=3, description="how long a prefill engine keeps a prompt's KV blocks that no "
+        "decode engine has taken (vLLM's kv_lease_duration); a decode replica given the "
+        "handle after two thirds of it prefills the prompt itself instead of pulling",
+    )
     side_channel_base_port: int = Field(
         15600, ge=1024, le=65000, description="first NIXL side-channel port on each node"
     )

@@ -89,6 +89,12 @@ KV_TRANSFER_BYTES = MetricSpec("pdserve_kv_transfer_bytes_total", "counter",
 KV_TRANSFER_FAILURES = MetricSpec("pdserve_kv_transfer_failures_total", "counter",
                                   "Failed NIXL transfers, handshakes and notifications",
                                   POOL_TAGS)
+KV_LEASES_EXPIRED = MetricSpec("pdserve_kv_leases_expired_total", "counter",
+                               "Prompts whose KV blocks no decode engine took before their "
+                               "lease ran out (recorded by the prefill engines)", POOL_TAGS)
+KV_HANDLES_LATE = MetricSpec("pdserve_kv_handles_late_total", "counter",
+                             "KV handles a decode engine got past their claim deadline: it "
+                             "prefilled the prompt itself instead of pulling", POOL_TAGS)
 
 # --- retries (recorded by the router's flow, router/retry.py) ---------------------------
 RETRIES = MetricSpec("pdserve_retries_total", "counter",
@@ -121,7 +127,8 @@ PREFILL_PER_DECODE = MetricSpec("pdserve_autoscaling_prefill_per_decode", "gauge
 CATALOGUE: tuple[MetricSpec, ...] = (
     TTFT, ITL, E2E, QUEUE, REQUESTS, PROMPT_TOKENS, GENERATION_TOKENS,
     REPLICAS, RUNNING, WAITING, KV_USAGE, ENGINE_PROMPT_TOKENS, ENGINE_GENERATION_TOKENS,
-    KV_TRANSFER_SECONDS, KV_TRANSFER_BYTES, KV_TRANSFER_FAILURES, RETRIES,
+    KV_TRANSFER_SECONDS, KV_TRANSFER_BYTES, KV_TRANSFER_FAILURES, KV_LEASES_EXPIRED,
+    KV_HANDLES_LATE, RETRIES,
     CANARY_PERCENT, CANARY_DECISIONS,
     DESIRED_REPLICAS, STANDBY_FLOOR, SCALE_EVENTS, PREFILL_PER_DECODE,
 )

@@ -9,6 +9,7 @@ prompt itself (the decode-local path).
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,9 +29,14 @@ class DecodeServer(EngineReplica):
     ) -> AsyncIterator[Any]:
         """Stream vLLM ``RequestOutput`` deltas of ``request``; cancelling aborts it.
 
+        A handle past its claim deadline is not pulled: the engine prefills the prompt.
         Each output leaves without the prompt's token ids: the router has them, and they
         would otherwise cross Ray with every token.
         """
+        if handle is not None and not handle.claimable_at(now := time.time()):
+            await self._host.give_up_late_handle(
+                request.request_id, handle.to_params(), release=handle.lease_running_at(now))
+            handle = None
         params = handle.to_params() if handle is not None else None
         async for output in self._host.generate(request, kv_transfer_params=params):
             output.prompt_token_ids = None

@@ -28,13 +28,19 @@ def connector_config(
     buffer_device: str = "cpu",
     backends: list[str] | None = None,
     load_failure_policy: str = "recompute",
+    lease_s: int = 30,
 ) -> dict[str, Any]:
-    """The ``kv_transfer_config`` argument of a vLLM engine of the given role."""
+    """The ``kv_transfer_config`` argument of a vLLM engine of the given role.
+
+    ``lease_s``: how long a prefill engine keeps blocks no decode engine has taken; both
+    roles read it (the decode engine renews leases at a sixth of it).
+    """
     return {
         "kv_connector": connector,
         "kv_role": _KV_ROLE[role],
         "kv_buffer_device": buffer_device,
         "engine_id": engine_id,
-        "kv_connector_extra_config": {"backends": list(backends or ["UCX"])},
+        "kv_connector_extra_config": {"backends": list(backends or ["UCX"]),
+                                      "kv_lease_duration": lease_s},
         "kv_load_failure_policy": load_failure_policy,
     }

@@ -5,6 +5,13 @@ The prefill engine returns it (vLLM's ``kv_transfer_params`` of a request finish
 NixlConnector reads the blocks from ``remote_host:remote_port`` and then tells the prefill
 engine to free them. If no decode engine ever reads them, the prefill engine frees them
 when the lease (vLLM's ``kv_lease_duration``) runs out.
+
+The lease starts when the prefill finishes and is renewed by the decode engine from when it
+takes the request. A handle that reaches a decode engine after its lease ran out names
+blocks that may already hold another prompt's KV, and a NIXL read is one-sided: nothing
+would tell the decode engine. So the prefill replica stamps each handle with ``claim_by``,
+a deadline well inside the lease, and a decode replica prefills the prompt itself instead
+of pulling a handle past it (a stalled router, a decode call queued in Serve for long).
 """
 
 from __future__ import annotations
@@ -12,6 +19,11 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+# A decode engine must take a handle within this share of the lease; the rest covers adding
+# the request to the engine (from then on it renews the lease) and the difference between
+# the clocks of the prefill and the decode host.
+CLAIM_SHARE_OF_LEASE = 2 / 3
 
 
 def prefill_request_params() -> dict[str, Any]:
@@ -49,6 +61,28 @@ class KVHandle(BaseModel):
     tp_size: int = 1
     remote_num_tokens: int = 0
     remote_blocks_expiry_time: float | None = None
+    # pdserve's own fields, never passed to vLLM, in wall-clock time (seconds since the
+    # epoch): after claim_by no decode engine may pull these blocks (see the module
+    # docstring); after lease_until the prefill engine has freed them unless renewed.
+    claim_by: float | None = None
+    lease_until: float | None = None
+
+    def with_lease(self, finished_at: float, lease_s: float) -> KVHandle:
+        """This handle, for a lease of ``lease_s`` that started at ``finished_at``: to be
+        claimed within ``CLAIM_SHARE_OF_LEASE`` of it."""
+        return self.model_copy(update={
+            "claim_by": finished_at + lease_s * CLAIM_SHARE_OF_LEASE,
+            "lease_until": finished_at + lease_s,
+        })
+
+    def claimable_at(self, now: float) -> bool:
+        """Whether a decode engine may still pull the blocks at wall-clock time ``now``."""
+        return self.claim_by is None or now < self.claim_by
+
+    def lease_running_at(self, now: float) -> bool:
+        """Whether the prefill engine may still hold the blocks at ``now`` (worth releasing
+        them; after the lease, a release would only be logged there as a stray read)."""
+        return self.lease_until is None or now < self.lease_until
 
     @property
     def num_blocks(self) -> int:
@@ -62,7 +96,7 @@ class KVHandle(BaseModel):
 
     def to_params(self) -> dict[str, Any]:
         """The ``kv_transfer_params`` dict for the decode engine's request."""
-        return self.model_dump(mode="python")
+        return self.model_dump(mode="python", exclude={"claim_by", "lease_until"})
 
 
 def _count_blocks(group: Any) -> int:

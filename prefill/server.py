@@ -8,6 +8,8 @@ rejects them, or when their lease expires.
 
 from __future__ import annotations
 
+import time
+
 from ray import serve
 
 from cluster.engine.host import EngineReplica
@@ -31,8 +33,11 @@ class PrefillServer(EngineReplica):
         if final is None:  # the engine ended the stream without an output
             raise RuntimeError(f"prefill of {request.request_id} produced no output")
         params = final.kv_transfer_params
+        # The lease started when the engine finished the prompt, a moment ago.
+        handle = (KVHandle.model_validate(params).with_lease(time.time(), self._lease_s)
+                  if params else None)
         return PrefillResult(
-            handle=KVHandle.model_validate(params) if params else None,
+            handle=handle,
             prompt_tokens=len(request.prompt_token_ids),
             cached_prompt_tokens=final.num_cached_tokens or 0,
         )

@@ -44,6 +44,7 @@ class EngineHost:
         self.load = LoadReporter(stats.role)
         self._stop = threading.Event()
         self._callers = CallerWatch(lambda request_id: self._engine.abort(request_id))
+        self._recorder, self._tags = recorder, tags
         if recorder is not None and tags is not None:
             threading.Thread(target=self._refresh_gauges, args=(recorder, tags),
                              name="pdserve-gauges", daemon=True).start()
@@ -79,6 +80,7 @@ class EngineHost:
             buffer_device=config.kv_transfer.buffer_device,
             backends=config.kv_transfer.backends,
             load_failure_policy=config.kv_transfer.load_failure_policy,
+            lease_s=config.kv_transfer.lease_s,
         )
         args = AsyncEngineArgs(**engine_kwargs(config, role, kv_config, version))
         stats = EngineStats(role=role, engine_id=engine_id)
@@ -171,6 +173,25 @@ class EngineHost:
         them, so it frees their blocks now instead of when their lease expires."""
         await self._engine.notify_kv_transfer_request_rejected(request_id, kv_transfer_params)
 
+    async def give_up_late_handle(self, request_id: str, kv_transfer_params: dict, *,
+                                  release: bool) -> None:
+        """A handle that came past its claim deadline (kv_transfer/handle.py): counted,
+        logged, and with ``release`` (its lease may still run) its blocks released; the
+        caller prefills the prompt instead."""
+        logger.warning("request %s: its KV handle came past its claim deadline; prefilling "
+                       "the prompt here instead of pulling blocks that may be reused",
+                       request_id)
+        self.stats.kv_handles_late += 1
+        if self._recorder is not None and self._tags is not None:
+            self._recorder.inc(m.KV_HANDLES_LATE, self._tags, 1)
+        if not release:
+            return
+        try:
+            await self.reject_transfer(f"{request_id}-late", kv_transfer_params)
+        except Exception:  # the prefill engine may be gone: its blocks went with it
+            logger.warning("request %s: releasing the late handle failed", request_id,
+                           exc_info=True)
+
     def shutdown(self) -> None:
         self._stop.set()
         self._engine.shutdown()
@@ -242,12 +263,14 @@ def _observe_scheduler(stats: EngineStats, recorder: m.Recorder, tags, scheduler
         len(data.get(key, []))
         for key in ("num_failed_transfers", "num_failed_handshakes", "num_failed_notifications")
     )
+    leases_expired = len(data.get("num_kv_expired_reqs", []))  # the producer's side
     stats.observe_transfers(num_transfers=len(durations), num_bytes=num_bytes,
-                            failures=failures)
+                            failures=failures, leases_expired=leases_expired)
     for seconds in durations:
         recorder.observe(m.KV_TRANSFER_SECONDS, tags, seconds)
     recorder.inc(m.KV_TRANSFER_BYTES, tags, num_bytes)
     recorder.inc(m.KV_TRANSFER_FAILURES, tags, failures)
+    recorder.inc(m.KV_LEASES_EXPIRED, tags, leases_expired)
 
 
 def _publish_gauges(recorder: m.Recorder, tags: dict[str, str], stats: EngineStats) -> None:
@@ -285,6 +308,7 @@ class EngineReplica:
 
         identity = current_replica_identity(config, config.pool_index(version, self.role))
         self._drain_timeout_s = config.pool(version, self.role).drain_timeout_s
+        self._lease_s = config.kv_transfer.lease_s
         self._host = EngineHost.start(
             config,
             self.role,

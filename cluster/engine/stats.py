@@ -30,6 +30,9 @@ class EngineStats:
     kv_transfers: int = 0
     kv_bytes_transferred: int = 0
     kv_transfer_failures: int = 0
+    # counters: KV leases (prefill side) and handles that came too late (decode side)
+    kv_leases_expired: int = 0
+    kv_handles_late: int = 0
 
     def observe_scheduler(self, kv_cache_usage: float, num_running: int, num_waiting: int):
         self.kv_cache_usage = kv_cache_usage
@@ -51,10 +54,12 @@ class EngineStats:
         self.generation_tokens += generation_tokens
         self.requests_finished += finished
 
-    def observe_transfers(self, num_transfers: int, num_bytes: int, failures: int) -> None:
+    def observe_transfers(self, num_transfers: int, num_bytes: int, failures: int,
+                          leases_expired: int = 0) -> None:
         self.kv_transfers += num_transfers
         self.kv_bytes_transferred += num_bytes
         self.kv_transfer_failures += failures
+        self.kv_leases_expired += leases_expired
 
     @property
     def is_idle(self) -> bool:

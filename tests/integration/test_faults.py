@@ -564,6 +564,44 @@ def test_a_router_replica_killed_midstream_breaks_the_stream_and_stops_its_engin
     nothing_leaked(cluster)
 
 
+def kv_counter(name: str, pool: str) -> float:
+    return total(scrape(METRICS_URL), f"ray_pdserve_kv_{name}_total", pool=pool)
+
+
+def test_a_handle_that_reaches_decode_past_its_lease_is_never_pulled(cluster):
+    """Both decode replicas stall (their actors SIGSTOPped) while a prompt is prefilled: the
+    router's decode call waits in front of them, and the prefill engine frees the prompt's
+    KV when its lease runs out. Resumed, the decode replica finds the handle past its claim
+    deadline and prefills the prompt itself instead of pulling blocks that may now hold
+    another prompt's KV; the answer is the same as an unfaulted run's
+    (kv_transfer/handle.py: claim_by)."""
+    prompt = unique_prompt(100)  # ~500 tokens: through the prefill pool
+    wait_for(engines_quiet(), "every engine idle", RECOVERY_S)
+    expired_before = kv_counter("leases_expired", "prefill")
+    late_before = kv_counter("handles_late", "decode")
+    decode_actors = [actor for actor, _ in replicas("decode")]
+    for actor in decode_actors:
+        actor.suspend()
+    injected()
+    try:
+        answer = Background(lambda: complete(cluster, prompt, max_tokens=16))
+        wait_for(lambda: kv_counter("leases_expired", "prefill") > expired_before,
+                 "the prefill engine freeing the unclaimed blocks when the lease ran out",
+                 CONFIG.kv_transfer.lease_s + 60)
+        wait_for(lambda: kv_held("prefill") == 0, "no KV block held in the prefill pool", 60)
+    finally:
+        for actor in decode_actors:
+            actor.resume()
+    response = answer.result()
+    assert response.status_code == 200, response.text
+    expected = complete(cluster, prompt, max_tokens=16).json()["choices"][0]["token_ids"]
+    assert response.json()["choices"][0]["token_ids"] == expected
+    wait_for(lambda: kv_counter("handles_late", "decode") == late_before + 1,
+             "the late handle counted by the decode engine", 60)
+    nothing_leaked(cluster)
+    wait_until_whole(cluster)
+
+
 def test_a_flood_from_one_key_fills_only_its_share_and_a_queued_client_can_leave(cluster):
     """With the decode engines stopped, one client (``user``) sends more than the budget
     runs at once: two run, two wait, the fifth is refused at once (429, its share of the

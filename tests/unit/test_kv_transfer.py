@@ -64,7 +64,26 @@ def test_connector_roles():
     assert decode["kv_role"] == "kv_consumer"
     assert decode["kv_buffer_device"] == "cuda"
     assert decode["engine_id"] == "e2"
-    assert decode["kv_connector_extra_config"] == {"backends": ["UCX", "GDS"]}
+    assert decode["kv_connector_extra_config"] == {"backends": ["UCX", "GDS"],
+                                                   "kv_lease_duration": 30}
+    # both roles read the lease: the producer frees at its end, the consumer renews it
+    for role in ("prefill", "decode"):
+        assert connector_config(role, "e", lease_s=8)["kv_connector_extra_config"][
+            "kv_lease_duration"] == 8
+
+
+def test_a_handle_is_claimable_until_two_thirds_of_its_lease():
+    handle = KVHandle.model_validate(PRODUCER_PARAMS)
+    assert handle.claimable_at(1e12)  # no deadline stamped: always (vLLM's own handles)
+    assert handle.lease_running_at(1e12)
+    stamped = handle.with_lease(finished_at=1000.0, lease_s=30)
+    assert stamped.claimable_at(1000.0) and stamped.claimable_at(1019.9)
+    assert not stamped.claimable_at(1020.0) and not stamped.claimable_at(1031.0)
+    # past the claim deadline the blocks may still be held (worth releasing) until 1030
+    assert stamped.lease_running_at(1029.9) and not stamped.lease_running_at(1030.0)
+    # the deadline is pdserve's: vLLM never sees it, and the rest of the handle is unchanged
+    assert stamped.to_params() == PRODUCER_PARAMS
+    assert KVHandle.model_validate(stamped.model_dump()) == stamped
 
 
 @given(
