@@ -195,6 +195,12 @@ def _start_ray(config: PDServeConfig) -> None:
     if config.ray.address is not None:
         ray.init(address=config.ray.address)
         return
+    # Serve's proxy answers some requests itself; this makes those OpenAI errors. A local
+    # cluster's processes inherit it from here (ray_configs' cluster files set it on
+    # `ray start`).
+    from router.proxy_edge import proxy_env
+
+    os.environ.update(proxy_env())
     ray.init(
         num_cpus=config.ray.num_cpus,
         include_dashboard=False,

@@ -38,6 +38,7 @@ from ray.core.generated.gcs_pb2 import PlacementGroupTableData
 
 from cluster.config import PDServeConfig, PoolConfig, load_config, parse_config
 from cluster.engine.args import pool_deployment_options
+from router.proxy_edge import PROXY_CALLBACK, PROXY_CALLBACK_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 RAY_CONFIGS = REPO / "ray_configs"
@@ -188,6 +189,9 @@ def test_cloud_file_installs_pdserve_and_exports_metrics(path: Path) -> None:
     assert "--num-gpus=0" in head_start
     for start in (head_start, worker_start):
         assert "--metrics-export-port=" in start
+        # Serve's proxies on every node load the middleware that makes their answers
+        # OpenAI errors (router/proxy_edge.py)
+        assert f"export {PROXY_CALLBACK_ENV}={PROXY_CALLBACK};" in start
 
 
 @pytest.mark.parametrize("role", ROLES)

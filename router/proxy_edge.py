@@ -1,0 +1,147 @@
+"""What clients meet first: Serve's HTTP proxy, made to speak like the API (shell).
+
+Before a router replica answers, Ray Serve's proxy may end a request on its own, in plain
+text: 503 when every router replica's queue is full (with ``Retry-After``) or none is up,
+408 when ``request_timeout_s`` passed. When the router replica dies before answering, the
+proxy sends nothing and uvicorn answers a bare 500; when it dies mid-stream, the body just
+stops. A client of an OpenAI API expects a JSON error it can parse, with a status that says
+whether to retry. And the proxy obeys two request headers meant for a trusted load balancer
+in front of it: ``x-request-timeout-seconds`` (0 lifts the timeout) and
+``x-request-disconnect-disabled`` (a request runs on after its client left); from a client
+they would lift limits the operator set.
+
+``ProxyEdge`` wraps the proxy's ASGI app (installed with Serve's
+``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH``, see ``proxy_env``):
+
+- it drops those two headers from requests;
+- a plain-text error answer becomes ``{"error": {...}}`` with the same status and headers;
+- a request that got no answer at all becomes a 503 with ``Retry-After`` (its router
+  replica was lost: sending it again is right);
+- an event stream that stopped without its end gets an error event, never a silent cut.
+
+Everything the router itself answers (JSON already) passes through untouched.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+# The environment variable through which Serve's proxies load middlewares, and ours.
+PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+PROXY_CALLBACK = "router.proxy_edge:proxy_middlewares"
+
+_TYPE_BY_STATUS = {408: "timeout", 429: "rate_limit_exceeded", 500: "internal_error",
+                   503: "service_unavailable"}
+# Serve's per-request hints (ray.serve._private.constants), for a balancer, not clients.
+PROXY_HINT_HEADERS = (b"x-request-timeout-seconds", b"x-request-disconnect-disabled")
+LOST_REPLICA_MESSAGE = ("The router replica serving this request was lost before it "
+                        "answered; send the request again.")
+CUT_STREAM_MESSAGE = "The router replica serving this stream was lost; the stream is incomplete."
+
+
+def proxy_env() -> dict[str, str]:
+    """The environment a Ray node's processes need for Serve's proxy to load the
+    middleware (set before the node starts: the proxy reads it once, at import)."""
+    return {PROXY_CALLBACK_ENV: PROXY_CALLBACK}
+
+
+def proxy_middlewares() -> list[Any]:
+    """Serve's proxy callback: the middlewares to wrap its ASGI app in."""
+    from starlette.middleware import Middleware
+
+    return [Middleware(ProxyEdge)]
+
+
+def error_body(status: int, message: str) -> bytes:
+    """An OpenAI error body for a status the proxy chose."""
+    kind = _TYPE_BY_STATUS.get(status, "api_error")
+    return json.dumps({"error": {"message": message, "type": kind, "param": None,
+                                 "code": kind}}).encode()
+
+
+def is_plain_error(start: dict[str, Any]) -> bool:
+    """A response start that is an error in something other than JSON."""
+    if start["status"] < 400:
+        return False
+    content_type = dict(start.get("headers") or []).get(b"content-type", b"")
+    return not content_type.startswith(b"application/json")
+
+
+def without_proxy_hints(scope: dict[str, Any]) -> dict[str, Any]:
+    """``scope`` without the headers that would lift the proxy's timeout or its handling
+    of a client that left."""
+    headers = scope.get("headers") or []
+    kept = [(name, value) for name, value in headers
+            if name.lower() not in PROXY_HINT_HEADERS]
+    return scope if len(kept) == len(headers) else {**scope, "headers": kept}
+
+
+def _json_start(status: int, body: bytes, headers: list | None = None) -> dict[str, Any]:
+    kept = [(name, value) for name, value in headers or []
+            if name.lower() not in (b"content-type", b"content-length")]
+    return {"type": "http.response.start", "status": status,
+            "headers": [*kept, (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode())]}
+
+
+class ProxyEdge:
+    """ASGI middleware around Serve's proxy app (see the module docstring)."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        relay = _Relay(send)
+        await self.app(without_proxy_hints(scope), receive, relay.send)
+        await relay.finish()
+
+
+class _Relay:
+    """Forwards one response's messages, holding back a plain-text error to rewrite it."""
+
+    def __init__(self, send: Any):
+        self._send = send
+        self._started = False
+        self._complete = False
+        self._streaming = False
+        self._held_start: dict[str, Any] | None = None
+        self._held_text = b""
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self._started = True
+            if is_plain_error(message):
+                self._held_start = message
+                return
+            content_type = dict(message.get("headers") or []).get(b"content-type", b"")
+            self._streaming = content_type.startswith(b"text/event-stream")
+        elif message["type"] == "http.response.body":
+            self._complete = not message.get("more_body", False)
+            if self._held_start is not None:
+                self._held_text += message.get("body", b"")
+                if self._complete:
+                    await self._send_rewritten()
+                return
+        await self._send(message)
+
+    async def _send_rewritten(self) -> None:
+        start, text = self._held_start, self._held_text.decode(errors="replace").strip()
+        body = error_body(start["status"], text or f"HTTP {start['status']}")
+        await self._send(_json_start(start["status"], body, start.get("headers")))
+        await self._send({"type": "http.response.body", "body": body})
+
+    async def finish(self) -> None:
+        """After the app returned: answer what it left unanswered or unfinished."""
+        if self._held_start is not None and not self._complete:
+            await self._send_rewritten()
+        elif not self._started:
+            body = error_body(503, LOST_REPLICA_MESSAGE)
+            await self._send(_json_start(503, body, [(b"retry-after", b"1")]))
+            await self._send({"type": "http.response.body", "body": body})
+        elif not self._complete and self._streaming:
+            event = b"data: " + error_body(503, CUT_STREAM_MESSAGE) + b"\n\n"
+            await self._send({"type": "http.response.body", "body": event})
