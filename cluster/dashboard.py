@@ -55,6 +55,17 @@ def build_dashboard(slo: SLOConfig) -> dict[str, Any]:
          f"{slo.ttft_p95_s * 1000:g} ms at peak."),
         ("Inter-token latency vs SLO", [*_quantiles(m.ITL), _slo_line(slo.itl_p95_s)], "s",
          f"Gaps between streamed tokens; the SLO is p95 < {slo.itl_p95_s * 1000:g} ms."),
+        ("Where the time to the first event goes (mean per request, by stage)", [{
+            "expr": f"sum by (stage) (rate({m.STAGE.exported_name}_sum[{_RATE}])) / "
+                    f"sum by (stage) (rate({m.STAGE.exported_name}_count[{_RATE}]))",
+            "legendFormat": "{{stage}}"}], "s",
+         "render (vLLM's layer: template, tokenize), admission (waiting for the budget), "
+         "prefill (the prefill pool), first_token (the decode pool: KV pull or local "
+         "prefill, first step), first_event (the first bytes out); they add up to TTFT"),
+        ("Stage p95 (by stage)", [{
+            "expr": f"histogram_quantile(0.95, sum by (le, stage) "
+                    f"(rate({m.STAGE.exported_name}_bucket[{_RATE}])))",
+            "legendFormat": "p95 {{stage}}"}], "s", ""),
         ("End-to-end latency", _quantiles(m.E2E), "s", ""),
         ("Requests by outcome", [{
             "expr": f"sum by (outcome) (rate({m.REQUESTS.exported_name}[{_RATE}]))",

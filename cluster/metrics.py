@@ -24,6 +24,10 @@ LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0,
     5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )
+# Stages of one request (router/timing.py): from tenths of a millisecond (rendering a short
+# prompt) to a long prompt's prefill.
+STAGE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+                 10.0, 20.0, 40.0, 80.0)
 TRANSFER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 REQUEST_TAGS = ("model", "version", "path")
@@ -58,6 +62,11 @@ E2E = MetricSpec("pdserve_e2e_latency_seconds", "histogram",
 QUEUE = MetricSpec("pdserve_queue_time_seconds", "histogram",
                    "Arrival at the router to dispatch to the prefill pool", REQUEST_TAGS,
                    LATENCY_BUCKETS)
+STAGE = MetricSpec("pdserve_request_stage_seconds", "histogram",
+                   "Time to the first event by stage (render, admission, prefill, "
+                   "first_token, first_event; router/timing.py): consecutive, they add up "
+                   "to the request's arrival to its first event", (*REQUEST_TAGS, "stage"),
+                   STAGE_BUCKETS)
 REQUESTS = MetricSpec("pdserve_requests_total", "counter", "Requests by outcome",
                       ("model", "version", "path", "outcome"))
 PROMPT_TOKENS = MetricSpec("pdserve_prompt_tokens_total", "counter",
@@ -125,7 +134,7 @@ PREFILL_PER_DECODE = MetricSpec("pdserve_autoscaling_prefill_per_decode", "gauge
                                 ("application",))
 
 CATALOGUE: tuple[MetricSpec, ...] = (
-    TTFT, ITL, E2E, QUEUE, REQUESTS, PROMPT_TOKENS, GENERATION_TOKENS,
+    TTFT, ITL, E2E, QUEUE, STAGE, REQUESTS, PROMPT_TOKENS, GENERATION_TOKENS,
     REPLICAS, RUNNING, WAITING, KV_USAGE, ENGINE_PROMPT_TOKENS, ENGINE_GENERATION_TOKENS,
     KV_TRANSFER_SECONDS, KV_TRANSFER_BYTES, KV_TRANSFER_FAILURES, KV_LEASES_EXPIRED,
     KV_HANDLES_LATE, RETRIES,

@@ -72,6 +72,7 @@ class PDEngineClient:
         deltas when vLLM's layer asked for them, else one final output (the decode engine
         sends it whole; several pieces, should it send them, are merged)."""
         lifecycle = self._requests[request_key(request_id)]
+        lifecycle.rendered()
         token_ids = list(prompt["prompt_token_ids"])
         try:
             check_token_ids(token_ids, self._vocab_size)
@@ -97,7 +98,8 @@ class PDEngineClient:
         token_ids = list(request.prompt_token_ids)
         ticket = await lifecycle.admit(cost, len(token_ids), route)
         deltas = request.sampling.output_kind == RequestOutputKind.DELTA
-        outputs = self.flow.generate(request, route, one_piece=not deltas)
+        outputs = self.flow.generate(request, route, one_piece=not deltas,
+                                     on_prefilled=lifecycle.prefilled)
         final = None
         try:
             async for output in outputs:

@@ -75,12 +75,14 @@ class DisaggregatedFlow:
 
     async def generate(
         self, request: EngineRequest, path: Route = "disaggregated", *, one_piece: bool = False,
+        on_prefilled: Callable[[], None] = lambda: None,
     ) -> AsyncIterator[Any]:
         """Yield the request's vLLM ``RequestOutput`` deltas; the last is ``finished``.
 
         On the ``decode_local`` path the decode engine prefills the prompt itself.
         ``one_piece``: the decode engine sends the whole answer as one output (a unary
-        request), so the deadline for it covers the whole generation.
+        request), so the deadline for it covers the whole generation. ``on_prefilled`` is
+        called when the prefill stage is over (a timing mark).
 
         If the consumer stops early (client disconnect → cancellation or ``aclose``),
         the decode stream is cancelled, which aborts the request in the decode engine;
@@ -96,6 +98,7 @@ class DisaggregatedFlow:
             path = "decode_local"
         if path == "disaggregated":
             handle = await self._prefill_with_retries(request, start)
+            on_prefilled()
         async for output in self._decode_with_retries(request, handle, start, one_piece):
             yield output
 

@@ -53,6 +53,18 @@ class RequestLifecycle:
         self._observer.dispatched()
         return ticket
 
+    def rendered(self) -> None:
+        """vLLM's layer rendered the prompt and handed it over (a timing mark)."""
+        self._observer.rendered()
+
+    def prefilled(self) -> None:
+        """The prefill pool returned the prompt's KV handle (a timing mark)."""
+        self._observer.prefilled()
+
+    def answered(self) -> None:
+        """The answer's first bytes are out (a timing mark)."""
+        self._observer.answered()
+
     def release(self, ticket: Ticket) -> None:
         """A generation ended: its tokens go back to the budget (once)."""
         if ticket in self._tickets:

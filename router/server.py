@@ -348,6 +348,7 @@ class Router:
         if lifecycle.failure is not None:
             return self._failed(lifecycle.failure, lifecycle, headers)
         status = _error_status(result)
+        lifecycle.answered()
         lifecycle.finish("ok" if status is None else outcome_for_status(status))
         return JSONResponse(result.model_dump(), status_code=status or 200, headers=headers)
 
@@ -373,6 +374,7 @@ class Router:
             await events.aclose()
             done()
             return self._failed(lifecycle.failure, lifecycle, headers)
+        lifecycle.answered()
         relayed = self._relay(prepend(first, events), lifecycle, done)
         return StreamingResponse(relayed, media_type="text/event-stream", headers=headers)
 

@@ -64,8 +64,20 @@ class RequestObserver:
         """A stage of this request failed (the retry policy decided what followed)."""
         self._faulted = True
 
+    def rendered(self) -> None:
+        """vLLM's layer handed the rendered prompt over."""
+        self.timer.render(self._clock())
+
     def dispatched(self) -> None:
         self.timer.dispatch(self._clock())
+
+    def prefilled(self) -> None:
+        """The prefill pool returned the prompt's KV handle."""
+        self.timer.prefill(self._clock())
+
+    def answered(self) -> None:
+        """The answer's first bytes are out (a stream's first event, a unary answer)."""
+        self.timer.answer(self._clock())
 
     def tokens(self, count: int) -> None:
         """``count`` new tokens arrived together (one engine output)."""
@@ -92,3 +104,5 @@ class RequestObserver:
             RECORDER.observe(m.E2E, self._tags, timer.e2e)
         for gap in timer.inter_token_gaps:
             RECORDER.observe(m.ITL, self._tags, gap)
+        for stage, seconds in timer.stages().items():
+            RECORDER.observe(m.STAGE, {**self._tags, "stage": stage}, seconds)

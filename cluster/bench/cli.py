@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from cluster.bench import report
+from cluster.bench import breakdown, report
 from cluster.bench.runner import run_workload
 from cluster.bench.stats import SLO, RequestRecord, ratio, summarise
 from cluster.bench.workload import WorkloadSpec, plan
@@ -42,7 +42,12 @@ def add_parser(commands) -> None:
                      help="comma-separated rates to sweep (plots latency against load)")
     run.add_argument("--config", type=Path, default=None,
                      help="the served pdserve config: goodput is judged by its `slo` "
-                          "(default: the `slo` section's defaults)")
+                          "(default: the `slo` section's defaults), and its metrics port "
+                          "gives the stage breakdown")
+    run.add_argument("--metrics-url", default=None,
+                     help="a pdserve cluster's Prometheus endpoint: print where the time "
+                          "to the first event went, stage by stage (default: the "
+                          "--config cluster's, if it exports metrics)")
     _workload_args(run)
 
     compare = sub.add_parser("compare", help="pdserve disaggregated vs one colocated vLLM")
@@ -125,8 +130,11 @@ def _token_counter(tokenizer_path: str | None):
 
 def _measure(base_url: str, model: str, spec: WorkloadSpec, count_tokens, slo: SLO,
              progress: bool, label: str, api_key: str | None = None,
-             ) -> tuple[list[RequestRecord], dict]:
+             metrics_url: str | None = None) -> tuple[list[RequestRecord], dict]:
+    """Run one workload; with ``metrics_url`` (a pdserve cluster's Prometheus endpoint),
+    also where its requests' time to the first event went, stage by stage."""
     requests = plan(spec, count_tokens)
+    before = _settled_stage_samples(metrics_url)
     records, duration = asyncio.run(
         run_workload(base_url, model, requests, progress=progress, label=label,
                      api_key=api_key)
@@ -138,14 +146,70 @@ def _measure(base_url: str, model: str, spec: WorkloadSpec, count_tokens, slo: S
         "duration_s": duration,
         "workload": asdict(spec),
     }
+    if before is not None:
+        summary["stages"] = _stages_since(metrics_url, before,
+                                          sum(record.ok for record in records))
     return records, summary
+
+
+def metrics_url_of(config: PDServeConfig) -> str | None:
+    """The Prometheus endpoint of the local cluster ``config`` starts, if it exports one."""
+    port = config.ray.metrics_export_port
+    if config.ray.address is not None or port is None:
+        return None
+    return f"http://{config.ray.node_ip_address or config.router.host}:{port}/metrics"
+
+
+def _stage_samples(metrics_url: str | None) -> breakdown.StageSamples | None:
+    if metrics_url is None:
+        return None
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(metrics_url, timeout=30).text
+    return breakdown.stage_samples(text_string_to_metric_families(text))
+
+
+def _settled_stage_samples(metrics_url: str | None) -> breakdown.StageSamples | None:
+    """The stage samples once every earlier request's report is in: unchanged for longer
+    than Ray's metrics report period (a minute at most), so that requests answered before
+    the run are not counted in it."""
+    if metrics_url is None:
+        return None
+    import ray
+
+    settle_s = ray._config.metrics_report_interval_ms() / 1000 + 1
+    deadline = time.monotonic() + 60
+    samples, since = _stage_samples(metrics_url), time.monotonic()
+    while time.monotonic() - since < settle_s and time.monotonic() < deadline:
+        time.sleep(1)
+        latest = _stage_samples(metrics_url)
+        if latest != samples:
+            samples, since = latest, time.monotonic()
+    return samples
+
+
+def _stages_since(metrics_url: str, before: breakdown.StageSamples,
+                  answered: int) -> dict[str, dict[str, float]]:
+    """The stage breakdown of the ``answered`` requests since ``before``: Ray exports
+    the router's histograms every few seconds, so wait (30 s at most) until all are in."""
+    deadline = time.monotonic() + 30
+    after = _stage_samples(metrics_url)
+    while breakdown.answered(before, after) < answered and time.monotonic() < deadline:
+        time.sleep(1)
+        after = _stage_samples(metrics_url)
+    stages = breakdown.breakdown(before, after)
+    print(breakdown.table(stages))
+    return stages
 
 
 # ---- run -------------------------------------------------------------------------------
 
 def _run(args) -> int:
-    served = SLOConfig() if args.config is None else load_config(args.config).slo
-    slo = _goodput_slo(args, served)
+    served_config = None if args.config is None else load_config(args.config)
+    slo = _goodput_slo(args, SLOConfig() if served_config is None else served_config.slo)
+    metrics_url = args.metrics_url or (
+        None if served_config is None else metrics_url_of(served_config))
     count_tokens = _token_counter(args.tokenizer)
     rates = [float(r) for r in args.rates.split(",")] if args.rates else [args.rate]
     sweep, runs = [], {}
@@ -153,7 +217,7 @@ def _run(args) -> int:
         spec = _spec(args, rate=rate)
         records, summary = _measure(args.base_url, args.model, spec, count_tokens, slo,
                                     not args.no_progress, f"{spec.name} @ {rate}/s",
-                                    args.api_key)
+                                    args.api_key, metrics_url)
         print(report.table(f"{spec.name} @ {rate} req/s", summary["all"]))
         sweep.append((rate, summary["all"]))
         runs[f"{rate} req/s"] = records
@@ -199,7 +263,9 @@ def _compare(args) -> int:
                 _warm_up(server.base_url, config.model.name)
                 recs, summary = _measure(server.base_url, config.model.name, spec,
                                          count_tokens, slo, not args.no_progress,
-                                         f"{setup}/{workload}")
+                                         f"{setup}/{workload}", metrics_url=(
+                                             metrics_url_of(config)
+                                             if setup == "pdserve" else None))
                 results.setdefault(workload, {})[setup] = summary
                 records.setdefault(workload, {})[setup] = recs
                 print(report.table(f"{setup} / {workload}", summary["all"]))
@@ -297,7 +363,8 @@ def _variants(args) -> int:
         with processes.running(started) as server:
             _warm_up(server.base_url, config.model.name)
             _, summary = _measure(server.base_url, config.model.name, spec, count_tokens,
-                                  slo, not args.no_progress, variant.name)
+                                  slo, not args.no_progress, variant.name,
+                                  metrics_url=metrics_url_of(config))
         summaries[variant.name] = summary
         print(report.table(f"{variant.name} {variant.overrides}", summary["all"]))
         report.write_json(args.out / f"variant-{variant.name}-summary.json",
@@ -357,9 +424,12 @@ def _overhead(args) -> int:
             role="decode", cpu_bind=decode_bind),
     }
     medians: dict[str, dict[str, float | None]] = {}
+    stages = None
     for setup, start in setups.items():
         with processes.running(start()) as server:
             _warm_up(server.base_url, config.model.name)
+            metrics_url = metrics_url_of(config) if setup == "pdserve" else None
+            before = _settled_stage_samples(metrics_url)
             ttfts, e2es = [], []
             for planned in requests:  # one at a time: no queueing, no batching
                 recs, _ = asyncio.run(run_workload(server.base_url, config.model.name,
@@ -367,14 +437,16 @@ def _overhead(args) -> int:
                 if recs[0].ok:
                     ttfts.append(recs[0].ttft)
                     e2es.append(recs[0].e2e)
+            if before is not None:  # where pdserve's part of the TTFT went
+                stages = _stages_since(metrics_url, before, len(ttfts))
         medians[setup] = {"ttft_p50_s": percentile(ttfts, 50),
                           "e2e_p50_s": percentile(e2es, 50), "n": len(ttfts)}
     pd, plain = medians["pdserve"], medians["vllm-decode-cores"]
     added = {key: (pd[key] - plain[key]) if pd[key] is not None and plain[key] is not None
              else None for key in ("ttft_p50_s", "e2e_p50_s")}
-    print(json.dumps({"medians": medians, "added_by_pdserve_s": added}, indent=2))
-    report.write_json(args.out / "overhead.json",
-                      {"medians": medians, "added_by_pdserve_s": added, "machine": _machine()})
+    result = {"medians": medians, "added_by_pdserve_s": added, "pdserve_stages": stages}
+    print(json.dumps(result, indent=2))
+    report.write_json(args.out / "overhead.json", {**result, "machine": _machine()})
     return 0
 
 

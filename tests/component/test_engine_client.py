@@ -19,6 +19,7 @@ import pytest
 from router.engine_client import PDEngineClient
 from router.errors import APIError
 from router.lifecycle import RequestLifecycle
+from tests.fake_observer import RecordingObserver
 from tests.fake_time import eventually, settled
 
 _outputs = pytest.importorskip("vllm.outputs")
@@ -56,8 +57,10 @@ class FakeFlow:
         self.closed = False       # the stream's own cleanup ran (aclose or cancellation)
         self.blocked = False
 
-    async def generate(self, request, route, one_piece=False):
+    async def generate(self, request, route, one_piece=False, on_prefilled=lambda: None):
         self.calls.append((request, route))
+        if route == "disaggregated":
+            on_prefilled()
         try:
             for step in range(self.steps):
                 if step == self.fail_after:
@@ -86,32 +89,13 @@ class FakeGate:
         self.released.append(ticket)
 
 
-class FakeObserver:
-    def __init__(self):
-        self.routes: list[tuple[str, int]] = []
-        self.token_counts: list[int] = []
-        self.outcomes: list[str] = []
-
-    def routed(self, path, prompt_tokens):
-        self.routes.append((path, prompt_tokens))
-
-    def dispatched(self):
-        pass
-
-    def tokens(self, count):
-        self.token_counts.append(count)
-
-    def finish(self, outcome):
-        self.outcomes.append(outcome)
-
-
 class Setup:
     """A client with one registered request, as the router leaves it for vLLM's layer."""
 
     def __init__(self, flow: FakeFlow | None = None, gate: FakeGate | None = None):
         self.flow = flow or FakeFlow()
         self.gate = gate or FakeGate()
-        self.observer = FakeObserver()
+        self.observer = RecordingObserver()
         self.lifecycle = RequestLifecycle(self.gate, CHAT_ID, self.observer, "client-a")
         model_config = SimpleNamespace(get_vocab_size=lambda: VOCAB)
         self.client = PDEngineClient(SimpleNamespace(model_config=model_config), None,
@@ -205,6 +189,10 @@ def test_each_request_takes_the_path_its_sampling_allows(prompt, kwargs, route):
     setup.collect(prompt, params(**kwargs))
     assert [call_route for _, call_route in setup.flow.calls] == [route]
     assert setup.observer.routes == [(route, len(prompt))]
+    # the timing marks of the stages it went through (the prefill mark is the flow's)
+    assert setup.observer.marks == (
+        ["rendered", "dispatched", "prefilled"] if route == "disaggregated"
+        else ["rendered", "dispatched"])
 
 
 @pytest.mark.parametrize("prompt", [[1, VOCAB], [-1, 2], [10**9]])
@@ -310,7 +298,7 @@ def test_a_failed_batch_is_counted_by_its_failure_not_as_cancelled():
     from vllm.utils.async_utils import merge_async_iterators
 
     class BatchFlow(FakeFlow):
-        async def generate(self, request, route, one_piece=False):
+        async def generate(self, request, route, one_piece=False, on_prefilled=lambda: None):
             if request.request_id.endswith("-0"):  # the first prompt fails at once
                 raise ConnectionError("decode replica died")
                 yield  # an async generator
@@ -347,7 +335,7 @@ def test_the_prompts_of_a_batch_take_turns_through_the_pools():
     order: list[str] = []
 
     class Recording(FakeFlow):
-        async def generate(self, request, route, one_piece=False):
+        async def generate(self, request, route, one_piece=False, on_prefilled=lambda: None):
             order.append(f"start {request.request_id[-1]}")
             async for output in super().generate(request, route):
                 yield output

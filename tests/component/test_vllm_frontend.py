@@ -17,6 +17,7 @@ from cluster.tiny_model import ensure_model
 from router.errors import APIError
 from router.lifecycle import RequestLifecycle
 from router.vllm_frontend import build_version, parse_json_body, parse_openai_request
+from tests.fake_observer import RecordingObserver
 
 pytest.importorskip("vllm")
 
@@ -27,7 +28,7 @@ class FakeFlow:
     def __init__(self, deltas=(("ab", [97, 98]),) * 3):
         self.requests, self.deltas = [], deltas
 
-    async def generate(self, request, route, one_piece=False):
+    async def generate(self, request, route, one_piece=False, on_prefilled=lambda: None):
         from vllm.outputs import CompletionOutput, RequestOutput
 
         self.requests.append((request, route))
@@ -51,23 +52,6 @@ class Gate:
 
     def release(self, ticket):
         self.released.append(ticket)
-
-
-class Observer:
-    def __init__(self):
-        self.outcomes, self.tokens_seen, self.path = [], 0, None
-
-    def routed(self, path, prompt_tokens):
-        self.path = path
-
-    def dispatched(self):
-        pass
-
-    def tokens(self, count):
-        self.tokens_seen += count
-
-    def finish(self, outcome):
-        self.outcomes.append(outcome)
 
 
 def build(path, flow, **model):
@@ -105,7 +89,7 @@ def serve(version, kind, data):
     frontends, _ = version
     body = parse_openai_request(kind, data)
     body.request_id = "k1"
-    gate, observer = Gate(), Observer()
+    gate, observer = Gate(), RecordingObserver()
     lifecycle = RequestLifecycle(gate, "id", observer, "key")
     frontends.client.register("k1", lifecycle)
     frontend = frontends.by_name[data["model"]]
@@ -140,7 +124,7 @@ def test_a_unary_chat_is_rendered_admitted_merged_and_named_as_asked(version):
     assert params.logit_bias == {97: 5} and params.structured_outputs is not None
     assert response.usage.prompt_tokens == prompt
     assert response.usage.prompt_tokens_details.cached_tokens == 3
-    assert observer.tokens_seen == 12
+    assert sum(observer.token_counts) == 12
 
 
 def test_a_chat_without_max_tokens_gets_the_routers_default_and_only_then(version):
@@ -178,7 +162,7 @@ def test_a_refusal_inside_a_stream_is_kept_for_the_router_to_answer(version):
     body = parse_openai_request("chat", {"model": "tiny", "stream": True,
                                          "messages": [{"role": "user", "content": "hi"}]})
     body.request_id = "k2"
-    lifecycle = RequestLifecycle(Refusing(), "id", Observer(), "key")
+    lifecycle = RequestLifecycle(Refusing(), "id", RecordingObserver(), "key")
     frontends.client.register("k2", lifecycle)
 
     async def first_event():

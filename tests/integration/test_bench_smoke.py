@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from tests.integration.conftest import CONFIG, MODEL, REPO
+from router.timing import STAGES
+from tests.integration.conftest import CONFIG, CONFIG_PATH, MODEL, REPO
 from tests.integration.openai_http import API_KEY
 
 pytestmark = pytest.mark.integration
@@ -20,7 +21,7 @@ def test_bench_run_measures_every_request(pdserve, tmp_path):
          "--model", MODEL, "--workload", "interference", "--num-requests", "4",
          "--rates", "4,8", "--scale", "0.05", "--long-fraction", "0.5", "--seed", "1",
          "--tokenizer", str(CONFIG.model.path), "--out", str(tmp_path), "--no-progress",
-         "--api-key", API_KEY],
+         "--api-key", API_KEY, "--config", str(CONFIG_PATH)],
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
@@ -33,5 +34,15 @@ def test_bench_run_measures_every_request(pdserve, tmp_path):
             assert record["status"] == 200
             # every planned token arrived and was timed (ignore_eos)
             assert record["output_tokens"] == len(record["token_times"]) > 0
+        # where the time to the first event went: every request in every stage it had
+        stages = result["stages"]
+        assert set(stages) >= set(STAGES) - {"prefill"}, stages
+        for stage, row in stages.items():
+            assert row["requests"] == (4 if stage != "prefill" else row["requests"]) > 0
+        # the stages span the router's part of the TTFT, less than what the client saw
+        router_s = sum(row["mean_s"] * row["requests"] for row in stages.values()) / 4
+        client_s = sum(r["first_token_at"] - r["sent_at"] for r in result["records"]) / 4
+        assert 0 < router_s < client_s
+    assert "first_event" in completed.stdout  # the breakdown table
     for plot in ("run-interference-ttft-cdf.png", "run-interference-sweep.png"):
         assert (tmp_path / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

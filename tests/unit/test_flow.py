@@ -184,6 +184,22 @@ def test_the_disaggregated_path_hands_the_prefills_kv_handle_to_decode():
     assert not stream.cancelled        # finished: nothing to abort
 
 
+def test_the_prefill_stage_is_marked_between_the_prefill_and_the_decode_call():
+    stream = FakeStream(outputs(1))
+    flow, prefill, decode = flow_with(stream)
+    seen = []
+
+    async def run(path: str) -> None:
+        def mark() -> None:  # what the pools were asked by then
+            seen.append((path, len(prefill.prefill.calls), len(decode.generate.calls)))
+        async for _ in flow.generate(REQUEST, path, on_prefilled=mark):
+            pass
+
+    asyncio.run(run("disaggregated"))
+    asyncio.run(run("decode_local"))
+    assert seen == [("disaggregated", 1, 0)]  # after the prefill, before decode; once
+
+
 def test_the_decode_local_path_skips_prefill():
     stream = FakeStream(outputs(2))
     flow, prefill, decode = flow_with(stream)

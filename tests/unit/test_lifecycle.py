@@ -18,6 +18,7 @@ from router import timing_metrics
 from router.errors import APIError
 from router.lifecycle import RequestLifecycle
 from router.timing_metrics import RequestObserver
+from tests.fake_observer import RecordingObserver
 from tests.fake_time import FakeClock
 
 
@@ -43,26 +44,6 @@ class FakeGate:
 
     def release(self, ticket: int) -> None:
         self.released.append(ticket)
-
-
-class FakeObserver:
-    def __init__(self):
-        self.routes: list[tuple[str, int]] = []
-        self.dispatched_count = 0
-        self.token_counts: list[int] = []
-        self.outcomes: list[str] = []
-
-    def routed(self, path: str, prompt_tokens: int) -> None:
-        self.routes.append((path, prompt_tokens))
-
-    def dispatched(self) -> None:
-        self.dispatched_count += 1
-
-    def tokens(self, count: int) -> None:
-        self.token_counts.append(count)
-
-    def finish(self, outcome: str) -> None:
-        self.outcomes.append(outcome)  # the real observer counts only the first
 
 
 class FakeRecorder:
@@ -103,7 +84,7 @@ REFUSAL = APIError(429, "full", "overloaded_error", code="queue_full",
 
 
 def lifecycle(gate=None, observer=None):
-    observer = observer or FakeObserver()
+    observer = observer or RecordingObserver()
     return RequestLifecycle(gate or FakeGate(), "cmpl-req1", observer, "client-a"), observer
 
 
@@ -116,7 +97,7 @@ def test_admission_asks_the_gate_for_the_cost_in_the_clients_queue_and_times_dis
     cycle, observer = lifecycle(gate)
     ticket = run(cycle.admit(100, 10, "disaggregated"))
     assert ticket == 1 and gate.acquired == [(100, "client-a", 10)]
-    assert observer.routes == [("disaggregated", 10)] and observer.dispatched_count == 1
+    assert observer.routes == [("disaggregated", 10)] and observer.marks.count("dispatched") == 1
     assert observer.outcomes == [] and cycle.failure is None
 
 
@@ -126,7 +107,7 @@ def test_a_refusal_is_kept_and_raised_and_counted_nowhere_until_the_router_answe
     with pytest.raises(APIError) as raised:
         run(cycle.admit(100, 10, "decode_local"))
     assert raised.value is REFUSAL and cycle.failure is REFUSAL
-    assert observer.outcomes == [] and observer.dispatched_count == 0
+    assert observer.outcomes == [] and observer.marks.count("dispatched") == 0
     assert observer.routes == [("decode_local", 10)]  # the refusal is counted on its path
     assert gate.out == [] and gate.released == []
     cycle.finish("rejected")                           # the router answers the 429
@@ -159,7 +140,7 @@ def test_a_client_gone_while_queued_is_counted_cancelled_and_holds_nothing():
             await waiter
 
     run(scenario())
-    assert observer.outcomes == ["cancelled"] and observer.dispatched_count == 0
+    assert observer.outcomes == ["cancelled"] and observer.marks.count("dispatched") == 0
     assert gate.out == [] and cycle.failure is None  # a cancellation is not a failure
 
 
@@ -191,7 +172,7 @@ def test_each_prompt_of_a_batch_takes_its_own_ticket_and_gives_it_back_once():
     first, second = run(two_prompts())
     assert first != second and sorted(gate.out) == sorted([first, second])
     assert sorted(observer.routes) == [("decode_local", 8), ("disaggregated", 30)]
-    assert observer.dispatched_count == 2
+    assert observer.marks.count("dispatched") == 2
     cycle.release(second)
     assert gate.released == [second]      # the other prompt still holds its budget
     cycle.release(first)

@@ -9,7 +9,7 @@ import pytest
 from cluster import metrics as m
 from cluster.config import load_config
 from cluster.dashboard import build_dashboard, dashboard_json
-from router.timing import RequestTimer
+from router.timing import STAGES, RequestTimer
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "ray_configs/grafana/pdserve-dashboard.json"
@@ -69,6 +69,32 @@ def test_timer_ttft_itl_e2e():
     assert timer.e2e == pytest.approx(0.9)
     assert timer.inter_token_gaps == pytest.approx([0.05, 0.05, 0.3])
     assert timer.tokens == 4
+
+
+def test_the_stages_to_the_first_event_add_up_and_name_where_the_time_went():
+    timer = RequestTimer(arrival=10.0)
+    timer.render(10.002)
+    timer.dispatch(10.010)
+    timer.prefill(10.400)
+    timer.chunk(10.450, 1)
+    timer.answer(10.451)
+    stages = timer.stages()
+    assert list(stages) == list(STAGES)
+    assert stages == pytest.approx({"render": 0.002, "admission": 0.008, "prefill": 0.39,
+                                    "first_token": 0.05, "first_event": 0.001})
+    assert sum(stages.values()) == pytest.approx(timer.first_event - timer.arrival)
+
+
+def test_a_decode_local_request_has_no_prefill_stage_and_marks_keep_their_first_time():
+    timer = RequestTimer(arrival=0.0)
+    timer.render(0.0)          # a mark at time 0 is a mark
+    timer.dispatch(0.1)
+    timer.render(0.5)          # a batch's second prompt: the first prompt's marks stand
+    timer.dispatch(0.6)
+    timer.chunk(0.3, 1)
+    assert timer.stages() == pytest.approx({"render": 0.0, "admission": 0.1,
+                                            "first_token": 0.2})
+    assert timer.queue_time == pytest.approx(0.1)
 
 
 def test_timer_first_chunk_with_several_tokens():

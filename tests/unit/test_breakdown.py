@@ -1,0 +1,70 @@
+"""The stage breakdown `pdserve bench` prints, read from two scrapes of the stage
+histogram (cluster/bench/breakdown.py)."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from cluster import metrics as m
+from cluster.bench import breakdown
+
+NAME = m.STAGE.exported_name
+
+
+def scrape(stages: dict[str, list[float]], worker: str = "w1") -> str:
+    """Prometheus text of the stage histogram with ``stages``' observations (seconds)."""
+    lines = [f"# TYPE {NAME} histogram"]
+    for stage, values in stages.items():
+        labels = f'model="m",path="disaggregated",stage="{stage}",WorkerId="{worker}"'
+        for bound in (*m.STAGE_BUCKETS, float("inf")):
+            le = "+Inf" if bound == float("inf") else repr(bound)
+            count = sum(value <= bound for value in values)
+            lines.append(f'{NAME}_bucket{{{labels},le="{le}"}} {count}')
+        lines.append(f"{NAME}_sum{{{labels}}} {sum(values)}")
+        lines.append(f"{NAME}_count{{{labels}}} {len(values)}")
+    return "\n".join(lines) + "\n"
+
+
+def samples(text: str) -> breakdown.StageSamples:
+    return breakdown.stage_samples(text_string_to_metric_families(text))
+
+
+def test_only_the_requests_between_the_scrapes_count():
+    earlier = {"render": [0.001] * 10, "first_token": [0.1] * 10}
+    before = samples(scrape(earlier))
+    after = samples(scrape({"render": [0.001] * 10 + [0.003] * 4,
+                            "prefill": [0.2] * 4,
+                            "first_token": [0.1] * 10 + [0.05] * 4}))
+    assert breakdown.answered(before, after) == 4
+    stages = breakdown.breakdown(before, after)
+    assert list(stages) == ["render", "prefill", "first_token"]  # in STAGES order
+    assert stages["render"]["requests"] == 4
+    assert stages["render"]["mean_s"] == pytest.approx(0.003)
+    assert stages["prefill"]["mean_s"] == pytest.approx(0.2)
+    assert stages["first_token"]["mean_s"] == pytest.approx(0.05)
+    # every observation in one bucket: the quantiles lie inside it
+    assert 0.002 < stages["render"]["p50_s"] <= 0.005
+    assert 0.1 < stages["prefill"]["p95_s"] <= 0.2
+
+
+def test_series_of_several_router_processes_add_up():
+    text = scrape({"admission": [0.01]}, "w1") + scrape({"admission": [0.03]}, "w2").split(
+        "\n", 1)[1]
+    stages = breakdown.breakdown({}, samples(text))
+    assert stages["admission"]["requests"] == 2
+    assert stages["admission"]["mean_s"] == pytest.approx(0.02)
+
+
+def test_quantiles_interpolate_within_a_bucket_as_prometheus_does():
+    buckets = [(0.1, 0.0), (0.2, 10.0), (float("inf"), 10.0)]
+    assert breakdown.quantile(0.5, buckets) == pytest.approx(0.15)
+    assert breakdown.quantile(0.95, buckets) == pytest.approx(0.195)
+    # beyond the last finite bound: that bound
+    assert breakdown.quantile(0.99, [(0.1, 1.0), (float("inf"), 10.0)]) == pytest.approx(0.1)
+
+
+def test_the_table_is_in_milliseconds():
+    stages = {"render": {"requests": 3, "mean_s": 0.0021, "p50_s": 0.002, "p95_s": 0.004}}
+    row = breakdown.table(stages).splitlines()[1].split()
+    assert row == ["render", "3", "2.1", "2.0", "4.0"]
