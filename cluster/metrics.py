@@ -25,9 +25,11 @@ LATENCY_BUCKETS = (
     5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )
 # Stages of one request (router/timing.py): from tenths of a millisecond (rendering a short
-# prompt) to a long prompt's prefill.
-STAGE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
-                 10.0, 20.0, 40.0, 80.0)
+# prompt) to a long prompt's prefill, finest where the serving layer's milliseconds are.
+# Ray's exporter rebuilds a histogram's sum from its buckets' midpoints, so a stage's mean
+# is only as exact as its bucket.
+STAGE_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04,
+                 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 80.0)
 TRANSFER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 REQUEST_TAGS = ("model", "version", "path")

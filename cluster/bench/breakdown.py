@@ -4,6 +4,8 @@ pdserve records every answered request's stages (``pdserve_request_stage_seconds
 router/timing.py). A benchmark scrapes the Prometheus text before and after its run; the
 difference is that run's requests alone, whatever ran before. Quantiles are read from the
 bucket counts the way Prometheus's ``histogram_quantile`` does (linear within a bucket).
+Means are approximate too: Ray's metrics exporter rebuilds a histogram's sum from the
+midpoints of the buckets its observations fell in (``cluster/metrics.py``, STAGE_BUCKETS).
 """
 
 from __future__ import annotations
