@@ -203,12 +203,16 @@ def kv_held(pool: str) -> float:
     return total(scrape(METRICS_URL), "ray_pdserve_kv_cache_usage_ratio", pool=pool)
 
 
-def nothing_leaked(base_url: str, killed_cores: list[int] = ()) -> None:
+def nothing_leaked_in_the_router(base_url: str) -> None:
     def admission_empty() -> bool:
         state = httpx.get(f"{base_url}/admin/admission", timeout=10).json()
         return (state["running"], state["queued"], state["tokens_in_flight"]) == (0, 0, 0)
 
     wait_for(admission_empty, "the admission budget back to zero", 60)
+
+
+def nothing_leaked(base_url: str, killed_cores: list[int] = ()) -> None:
+    nothing_leaked_in_the_router(base_url)
     wait_for(lambda: gone(list(killed_cores)), "the killed replica's EngineCore gone", 60)
     for pool in ("prefill", "decode"):
         wait_for(lambda pool=pool: kv_held(pool) == 0, f"no KV block held in the {pool} pool",
@@ -272,6 +276,9 @@ def _fault_midstream(base_url: str, act) -> tuple[list[int], list[int], list]:
     """An unfaulted greedy stream, then the same one with ``act(actor, cores)`` applied
     to its decode replica once 200 tokens arrived; both token lists and the events."""
     prompt = unique_prompt(20)
+    # A replacement replica may still be warming up after an earlier fault: it would look
+    # like the engine computing this stream.
+    wait_for(engines_quiet(), "every engine idle", RECOVERY_S)
     expected, _ = stream_tokens(base_url, prompt, 1500)
     midway, acted = threading.Event(), threading.Event()
     victim: dict = {}
@@ -646,15 +653,27 @@ def test_a_flood_from_one_key_fills_only_its_share_and_a_queued_client_can_leave
 
 
 def test_a_client_gone_during_its_prefill_leaves_no_work_behind(cluster):
-    """A client sends a ~7,800-token prompt and disconnects while a prefill engine computes
-    it: no decode engine ever generates for it, its admission is returned and no engine
-    keeps its KV."""
+    """A client sends a ~7,800-token prompt and disconnects while it is in the prefill
+    stage: no decode engine ever generates for it, its admission is returned and no engine
+    keeps its KV. The prefill engines are stopped meanwhile, so that the prompt cannot
+    finish its prefill before the disconnect reaches the router (a prefill of it takes
+    well under a second here)."""
     wait_for(engines_quiet(), "every engine idle", RECOVERY_S)
     decoded_before = generated("decode")
     body = {"model": MODEL, "prompt": unique_prompt(1500), "max_tokens": 16,
             "temperature": 0}
-    with leaving_client(cluster, body):
-        computing("prefill")  # the prompt is being prefilled: now the client leaves
+    cores = [core for _, cores_ in replicas("prefill") for core in cores_]
+    for core in cores:
+        core.suspend()
+    try:
+        with leaving_client(cluster, body):
+            wait_for(lambda: httpx.get(f"{cluster}/admin/admission", timeout=10).json()[
+                "running"] == 1, "the prompt admitted and sent to the prefill pool", 60)
+        nothing_leaked_in_the_router(cluster)
+    finally:
+        for core in cores:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                core.resume()
     nothing_leaked(cluster)
     wait_for(engines_quiet(), "every engine idle", RECOVERY_S)
     assert generated("decode") == decoded_before, "a decode engine generated for a client gone"
