@@ -23,6 +23,7 @@ import threading
 from pathlib import Path
 
 from cluster.config import DEFAULT_CONFIG_PATH, ConfigError, PDServeConfig, load_config
+from cluster.cores import parse_cores
 
 SERVING_BANNER = "pdserve is serving"  # printed once serve.run has returned: ready
 
@@ -148,6 +149,8 @@ def _up(config: PDServeConfig) -> int:
         print(f"pdserve: port {config.router.port} on {config.router.host} is in use",
               file=sys.stderr)
         return 2
+    if local and run_on_serving_cores(config) != 0:
+        return 2
 
     import ray
     from ray import serve
@@ -207,6 +210,22 @@ def _start_ray(config: PDServeConfig) -> None:
         _node_ip_address=config.ray.node_ip_address,
         _metrics_export_port=config.ray.metrics_export_port,
     )
+
+
+def run_on_serving_cores(config: PDServeConfig) -> int:
+    """Move this process to ``ray.serving_cores`` before it starts the local cluster,
+    whose processes (Ray's, Serve's, the replicas and the engine schedulers they start)
+    inherit it; each engine's worker binds itself to its pool's cores."""
+    if config.ray.serving_cores is None:
+        return 0
+    cores, available = parse_cores(config.ray.serving_cores), os.sched_getaffinity(0)
+    if not cores <= available:
+        print(f"pdserve: ray.serving_cores {config.ray.serving_cores!r} names cores "
+              f"{sorted(cores - available)}, which this process may not run on (it may run "
+              f"on {sorted(available)})", file=sys.stderr)
+        return 2
+    os.sched_setaffinity(0, cores)
+    return 0
 
 
 def _metrics_url(config: PDServeConfig) -> str:

@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from cluster.autoscaling.config import AutoscalingConfig, ReplicaBounds
+from cluster.cores import parse_cores
 from cluster.slo import SLOConfig
 from cluster.strict import StrictModel
 
@@ -51,7 +52,8 @@ _KV_LAYOUT_ARGS = frozenset({"block_size", "dtype", "max_model_len", "kv_cache_d
 # Typed per pool: set by the pool's own field of the same name.
 _POOL_TYPED_ARGS = ("tensor_parallel_size", "max_num_batched_tokens")
 # EngineConfig fields that are not vLLM arguments (the rest are passed by name).
-_ENGINE_NON_ARGS = frozenset({"extra", "cpu_kvcache_space_gib"})
+_ENGINE_NON_ARGS = frozenset({"extra", "cpu_kvcache_space_gib", "step_wait",
+                              "scheduler_nice"})
 
 
 def _refuse(hatch: dict[str, Any], owners: dict[str, str]) -> dict[str, Any]:
@@ -138,6 +140,19 @@ class EngineConfig(StrictModel):
         "whole GiB: vLLM 0.32 reads it as an integer and fails at start on a fraction",
     )
     seed: int = 0
+    step_wait: Literal["auto", "spin", "sleep"] = Field(
+        "auto", description="how an engine's scheduler and worker processes wait for each "
+        "other's step: vLLM spins (`spin`, fine where host cores are spare), `sleep` polls "
+        "with 0.1 ms sleeps and leaves the core to the process computing (CPU nodes); "
+        "`auto`: sleep on pools without GPUs (cluster/engine/vllm_plugin.py)",
+    )
+    scheduler_nice: int | Literal["auto"] | None = Field(
+        "auto", ge=-20, le=19, description="the nice value of each engine's scheduler "
+        "process (vLLM's engine core; its worker keeps the replica's): every step waits "
+        "for it, so it should not queue behind the serving processes it shares cores "
+        "with. `auto`: -10 on pools without GPUs, else unchanged; None: unchanged. Raising "
+        "a priority needs CAP_SYS_NICE; without it the engine logs a warning and runs on",
+    )
     extra: dict[str, Any] = Field(
         default_factory=dict,
         description="further vLLM EngineArgs, passed through verbatim; not those with a "
@@ -473,6 +488,20 @@ class RayConfig(StrictModel):
         8080, ge=1024, le=65535,
         description="where a local cluster's node serves Prometheus /metrics (None: Ray picks)",
     )
+    serving_cores: str | None = Field(
+        None, description="the cores a local cluster's own processes run on (Ray, Serve's "
+        "proxy, the router, the pools' replicas and engine schedulers), e.g. '0'; each "
+        "engine computes on its pool's VLLM_CPU_OMP_THREADS_BIND cores. Keep the decode "
+        "engines' cores out of it, so nothing takes their steps' time (docs/design.md, "
+        "'Engines compute on their own cores'). None: every core",
+    )
+
+    @field_validator("serving_cores")
+    @classmethod
+    def _a_core_list(cls, cores: str | None) -> str | None:
+        if cores is not None:
+            parse_cores(cores)  # ValueError: pydantic reports it under the field's path
+        return cores
 
 
 class PDServeConfig(StrictModel):

@@ -1,32 +1,69 @@
-"""A vLLM general plugin: NIXL agent settings that vLLM does not expose itself.
+"""A vLLM general plugin: NIXL connector settings and fixes that vLLM does not expose.
 
 vLLM loads ``vllm.general_plugins`` entry points in every engine process (front end,
 engine core, workers) before the KV connector is created, so this is where an agent
-setting can be changed without patching vLLM's sources.
+setting can be changed without patching vLLM's sources. The plugin must stay importable
+without vLLM or NIXL work: it only wraps factories.
 
 ``PDSERVE_NIXL_PROGRESS_THREAD=0`` turns NIXL's progress thread off. That thread polls
 UCX with a zero timeout and so keeps one core at 100% per engine even when idle; on a
 CPU-only node that core is the one the engine computes on. Without it, transfers are
 progressed when vLLM checks their state on each engine step, which is enough for CPU
-engines and TCP. Leave the thread on (the default) on GPU nodes with RDMA, where
-transfers should progress independently of the engine loop.
+engines. Leave the thread on (the default) on GPU nodes with RDMA, where transfers should
+progress independently of the engine loop.
 
-The plugin must stay importable without vLLM or NIXL work: it only wraps a factory.
+Always: a KV connector's construction keeps the calling thread's CPU affinity. vLLM
+0.32's NIXL worker on a CPU platform calls ``os.sched_setaffinity(0, ...)`` with the last
+core of each NUMA node, meant to keep transfers off the cores that compute; but the thread
+it pins is the one constructing it, the engine worker's main thread, which is also the
+OpenMP thread that computes the model. A prefill engine bound to core 0 then computed on
+core 1, beside the decode engine bound there (docs/design.md, "Engines compute on their
+own cores").
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
 PROGRESS_THREAD_ENV = "PDSERVE_NIXL_PROGRESS_THREAD"
 _NIXL_WORKER_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker"
 
+logger = logging.getLogger("vllm.pdserve")  # vLLM's handlers print it in the engine logs
+
 
 def register() -> None:
     """Entry point (``vllm.general_plugins``); idempotent, may run in several processes."""
-    if os.environ.get(PROGRESS_THREAD_ENV, "1") != "0":
+    _keep_thread_affinity_across_connectors()
+    if os.environ.get(PROGRESS_THREAD_ENV, "1") == "0":
+        _turn_progress_thread_off()
+
+
+def _keep_thread_affinity_across_connectors() -> None:
+    if not hasattr(os, "sched_getaffinity"):
         return
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    original = KVConnectorFactory.create_connector.__func__
+    if getattr(original, "_pdserve_wrapped", False):
+        return
+
+    def create_connector(cls, *args, **kwargs):
+        before = os.sched_getaffinity(0)
+        try:
+            return original(cls, *args, **kwargs)
+        finally:
+            if os.sched_getaffinity(0) != before:
+                os.sched_setaffinity(0, before)
+                logger.info("pdserve: the KV connector moved this thread to other cores; "
+                            "put back on %s", sorted(before))
+
+    create_connector._pdserve_wrapped = True
+    KVConnectorFactory.create_connector = classmethod(create_connector)
+
+
+def _turn_progress_thread_off() -> None:
     from vllm.distributed import nixl_utils
 
     original = nixl_utils.nixl_agent_config

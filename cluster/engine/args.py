@@ -16,6 +16,7 @@ from typing import Any
 
 from cluster.config import PDServeConfig, PoolConfig
 from cluster.digest import short_digest
+from cluster.engine.vllm_plugin import NICE_ENV, WAIT_ENV
 from kv_transfer.connector import Role
 from kv_transfer.vllm_plugin import PROGRESS_THREAD_ENV
 
@@ -85,11 +86,42 @@ def engine_settings_env(config: PDServeConfig, role: Role,
     """The part of ``engine_env`` that sets up the engine itself rather than its KV
     transfer: the CPU KV-cache size, then the pool's own ``env`` (last: it may override)."""
     env = {}
+    if step_wait(config, role, version) == "sleep":
+        env[WAIT_ENV] = "sleep"
+    nice = scheduler_nice(config, role, version)
+    if nice is not None:
+        env[NICE_ENV] = str(nice)
     if config.engine.cpu_kvcache_space_gib is not None:
         # Whole GiB (the config refuses a fraction): vLLM 0.32 reads it with int().
         env["VLLM_CPU_KVCACHE_SPACE"] = str(config.engine.cpu_kvcache_space_gib)
     env.update(config.pool(version or config.model.version, role).env)
     return env
+
+
+# engine.scheduler_nice "auto" on a pool without GPUs: ahead of the serving processes
+# (nice 0) that share its cores, still behind what the system runs at -20.
+CPU_SCHEDULER_NICE = -10
+
+
+def step_wait(config: PDServeConfig, role: Role, version: str | None = None) -> str:
+    """``engine.step_wait`` for the ``role`` pool: ``auto`` sleeps on a pool without GPUs,
+    whose engines compute on the host cores a spinning wait would take."""
+    wait = config.engine.step_wait
+    if wait != "auto":
+        return wait
+    return "sleep" if _cpu_only(config, role, version) else "spin"
+
+
+def scheduler_nice(config: PDServeConfig, role: Role, version: str | None = None) -> int | None:
+    """``engine.scheduler_nice`` for the ``role`` pool (None: left as it is)."""
+    nice = config.engine.scheduler_nice
+    if nice != "auto":
+        return nice
+    return CPU_SCHEDULER_NICE if _cpu_only(config, role, version) else None
+
+
+def _cpu_only(config: PDServeConfig, role: Role, version: str | None) -> bool:
+    return config.pool(version or config.model.version, role).num_gpus == 0
 
 
 def baseline_flags(config: PDServeConfig, role: Role = "decode") -> list[str]:

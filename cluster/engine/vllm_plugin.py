@@ -1,0 +1,78 @@
+"""A vLLM general plugin: how an engine's two processes share CPU cores (shell).
+
+A vLLM engine on the CPU platform is two processes: the engine core, which schedules each
+step and turns its results into outputs, and a worker, which computes it. They pass every
+step through shared-memory queues, one after the other: the worker waits while the
+engine core schedules, the engine core waits while the worker computes. vLLM loads
+``vllm.general_plugins`` entry points in both (``load_general_plugins``), so this is
+where their waiting and their priority can be set without patching vLLM's sources.
+
+``PDSERVE_ENGINE_WAIT=sleep`` (``engine.step_wait``): a reader of those queues spins,
+calling ``sched_yield`` in a loop, for a second after each message. ``sched_yield`` does
+not lower a process's share of a busy core: measured here, a decode engine core took 54%
+of a core while one stream decoded, from the processes computing and serving. With this,
+each turn of the loop is a sleep of ``SLEEP_S`` instead: the waiting process leaves the
+core, and sees a message at most that much later (about 1% of a step here). vLLM's own
+idle mode (after the second of spinning) is unchanged.
+
+``PDSERVE_SCHEDULER_NICE=N`` (``engine.scheduler_nice``): the engine core runs at nice N,
+its worker at the nice the engine was started with. Every step waits for the engine core,
+and on a CPU node it shares its cores with the serving processes (router, proxy,
+replicas: ``ray.serving_cores``); at equal priority a step's hand-off queued behind their
+relaying work. The worker keeps its own priority: a prefill worker sharing a core with the
+serving processes must not starve them.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+
+WAIT_ENV = "PDSERVE_ENGINE_WAIT"
+NICE_ENV = "PDSERVE_SCHEDULER_NICE"
+_BASE_NICE_ENV = "PDSERVE_BASE_NICE"  # the engine's nice before its core raised it
+SLEEP_S = 100e-6
+
+logger = logging.getLogger("vllm.pdserve")  # vLLM's handlers print it in the engine logs
+
+
+def register() -> None:
+    """Entry point (``vllm.general_plugins``); idempotent, runs in every vLLM process."""
+    if os.environ.get(WAIT_ENV) == "sleep":
+        _sleep_while_waiting()
+    if os.environ.get(NICE_ENV) is not None:
+        _set_priority(multiprocessing.current_process().name)
+
+
+def _sleep_while_waiting() -> None:
+    import time  # here: cluster.engine.args (pure) imports this module's names
+
+    from vllm.distributed.device_communicators import shm_broadcast
+
+    shm_broadcast.sched_yield = lambda: time.sleep(SLEEP_S)
+
+
+def _set_priority(process_name: str) -> None:
+    """The engine core (vLLM names its process "EngineCore") takes ``NICE_ENV``; a worker
+    ("VllmWorker-<rank>", started by the engine core and so inheriting its nice) goes back
+    to the engine's base. Any other vLLM process is left alone."""
+    if process_name.startswith("EngineCore"):
+        os.environ.setdefault(_BASE_NICE_ENV, str(os.getpriority(os.PRIO_PROCESS, 0)))
+        _nice_every_thread(int(os.environ[NICE_ENV]), "engine core")
+    elif process_name.startswith("VllmWorker") and _BASE_NICE_ENV in os.environ:
+        _nice_every_thread(int(os.environ[_BASE_NICE_ENV]), "worker")
+
+
+def _nice_every_thread(nice: int, what: str) -> None:
+    """Linux keeps a nice value per thread: set it on each thread of this process (those
+    started later inherit it from the thread that starts them)."""
+    try:
+        for task in os.listdir("/proc/self/task"):
+            os.setpriority(os.PRIO_PROCESS, int(task), nice)
+    except PermissionError:
+        logger.warning("pdserve: the %s could not take nice %d (raising a priority needs "
+                       "CAP_SYS_NICE); it runs at %d", what, nice,
+                       os.getpriority(os.PRIO_PROCESS, 0))
+    except (OSError, ValueError):  # no /proc (not Linux): nothing to set
+        pass

@@ -1,0 +1,71 @@
+"""The engine plugin's step wait (cluster/engine/vllm_plugin.py) through vLLM's own queue.
+
+vLLM's engine core and worker pass each step through a shared-memory ``MessageQueue``
+whose reader spins while it waits. A reader in a child process, loaded with vLLM's
+general plugins as an engine process is, waits half a second for a message: with
+``PDSERVE_ENGINE_WAIT=sleep`` it leaves the core (a small fraction of the CPU time the
+spinning reader burns in the same wait) and still receives the message.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+
+import pytest
+
+from cluster.engine.vllm_plugin import WAIT_ENV
+
+WAIT_S = 0.5
+
+
+def _reader(handle, wait: str | None, conn) -> None:
+    if wait is None:
+        os.environ.pop(WAIT_ENV, None)
+    else:
+        os.environ[WAIT_ENV] = wait
+    from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    queue = MessageQueue.create_from_handle(handle, 0)
+    queue.wait_until_ready()
+    assert queue.dequeue(timeout=30) == "first"  # the reader is now in its busy phase
+    conn.send("waiting")
+    started = time.thread_time()
+    message = queue.dequeue(timeout=30)
+    conn.send((message, time.thread_time() - started))
+
+
+def reader_cpu_seconds(wait: str | None) -> float:
+    """CPU seconds a reader used while it waited ``WAIT_S`` for its second message."""
+    from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
+
+    queue = MessageQueue(n_reader=1, n_local_reader=1)
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    process = ctx.Process(target=_reader, args=(queue.export_handle(), wait, child))
+    process.start()
+    try:
+        queue.wait_until_ready()
+        queue.enqueue("first")
+        assert parent.poll(60) and parent.recv() == "waiting"
+        time.sleep(WAIT_S)  # the wait being measured, not a synchronisation
+        queue.enqueue("second")
+        assert parent.poll(60), "the reader never received the second message"
+        message, cpu_s = parent.recv()
+        assert message == "second"
+        return cpu_s
+    finally:
+        process.join(30)
+        if process.is_alive():
+            process.kill()
+
+
+@pytest.mark.timeout(300)
+def test_a_sleeping_reader_leaves_the_core_a_spinning_one_takes():
+    spinning = reader_cpu_seconds(None)
+    sleeping = reader_cpu_seconds("sleep")
+    assert spinning > 0.2 * WAIT_S, f"vLLM's reader should spin: {spinning:.3f} s of CPU"
+    assert sleeping < spinning / 4, (sleeping, spinning)
