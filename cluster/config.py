@@ -468,6 +468,12 @@ class RouterConfig(StrictModel):
         "(0: every request goes through the prefill pool); 512 from the sweep in "
         "docs/benchmarks.md",
     )
+    stream_chunk_interval_ms: float = Field(
+        20, ge=0, le=1000,
+        description="a stream's tokens leave the decode replica at most once per this "
+        "interval, those made meanwhile merged into one chunk (the first and the last "
+        "at once; 0: every token as it is made); see docs/design.md, streaming in chunks",
+    )
     admission: AdmissionConfig = AdmissionConfig()
     auth: AuthConfig = AuthConfig()
     routing: RoutingConfig = RoutingConfig()

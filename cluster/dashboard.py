@@ -87,13 +87,16 @@ def build_dashboard(slo: SLOConfig) -> dict[str, Any]:
         ("Tokens per second", [{
             "expr": f"sum (rate({m.GENERATION_TOKENS.exported_name}[{_RATE}]))",
             "legendFormat": "generated for clients"}, {
+            "expr": f"sum (rate({m.OUTPUT_CHUNKS.exported_name}[{_RATE}]))",
+            "legendFormat": "chunks streamed to clients"}, {
             "expr": f"sum by (source) (rate({m.ENGINE_PROMPT_TOKENS.exported_name}"
                     f"{{pool=\"prefill\"}}[{_RATE}]))",
             "legendFormat": "prefill prompt {{source}}"}, {
             "expr": f"sum by (source) (rate({m.ENGINE_PROMPT_TOKENS.exported_name}"
                     f"{{pool=\"decode\"}}[{_RATE}]))",
             "legendFormat": "decode prompt {{source}}"}], "short",
-         "decode prompt 'transferred' = KV received over NIXL instead of recomputed"),
+         "decode prompt 'transferred' = KV received over NIXL instead of recomputed; "
+         "tokens per chunk = generated / chunks (router.stream_chunk_interval_ms)"),
         ("KV transfer latency", _quantiles(m.KV_TRANSFER_SECONDS), "s", ""),
         ("KV transfer throughput and failures", [{
             "expr": f"sum (rate({m.KV_TRANSFER_BYTES.exported_name}[{_RATE}]))",

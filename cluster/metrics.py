@@ -75,6 +75,10 @@ PROMPT_TOKENS = MetricSpec("pdserve_prompt_tokens_total", "counter",
                            "Prompt tokens of served requests", REQUEST_TAGS)
 GENERATION_TOKENS = MetricSpec("pdserve_generation_tokens_total", "counter",
                                "Tokens generated for clients", REQUEST_TAGS)
+OUTPUT_CHUNKS = MetricSpec("pdserve_output_chunks_total", "counter",
+                           "Outputs the decode pool sent for clients' tokens (generation "
+                           "tokens / chunks: tokens per chunk; decode/pacing.py)",
+                           REQUEST_TAGS)
 
 # --- each pool (recorded by its engine replicas) ----------------------------------------
 REPLICAS = MetricSpec("pdserve_pool_replicas", "gauge",
@@ -136,7 +140,7 @@ PREFILL_PER_DECODE = MetricSpec("pdserve_autoscaling_prefill_per_decode", "gauge
                                 ("application",))
 
 CATALOGUE: tuple[MetricSpec, ...] = (
-    TTFT, ITL, E2E, QUEUE, STAGE, REQUESTS, PROMPT_TOKENS, GENERATION_TOKENS,
+    TTFT, ITL, E2E, QUEUE, STAGE, REQUESTS, PROMPT_TOKENS, GENERATION_TOKENS, OUTPUT_CHUNKS,
     REPLICAS, RUNNING, WAITING, KV_USAGE, ENGINE_PROMPT_TOKENS, ENGINE_GENERATION_TOKENS,
     KV_TRANSFER_SECONDS, KV_TRANSFER_BYTES, KV_TRANSFER_FAILURES, KV_LEASES_EXPIRED,
     KV_HANDLES_LATE, RETRIES,

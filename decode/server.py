@@ -9,6 +9,7 @@ prompt itself (the decode-local path).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,6 +18,7 @@ from ray import serve
 
 from cluster.engine.host import EngineReplica
 from cluster.engine.messages import EngineRequest
+from decode.pacing import hold_before_next
 from kv_transfer.handle import KVHandle
 
 
@@ -31,7 +33,9 @@ class DecodeServer(EngineReplica):
 
         A handle past its claim deadline is not pulled: the engine prefills the prompt.
         Each output leaves without the prompt's token ids: the router has them, and they
-        would otherwise cross Ray with every token.
+        would otherwise cross Ray with every token. Outputs leave at most once per
+        ``request.chunk_interval_s`` (decode/pacing.py): while this generator waits, vLLM
+        merges the outputs it makes into the next delta.
         """
         if handle is not None and not handle.claimable_at(now := time.time()):
             await self._host.give_up_late_handle(
@@ -41,7 +45,12 @@ class DecodeServer(EngineReplica):
         async for output in self._host.generate(request, kv_transfer_params=params):
             output.prompt_token_ids = None
             output.prompt = None
+            sent_at = time.monotonic()
             yield output
+            hold = hold_before_next(sent_at, time.monotonic(), request.chunk_interval_s,
+                                    output.finished)
+            if hold:
+                await asyncio.sleep(hold)
 
     async def release_handle(self, request_id: str, handle: KVHandle) -> None:
         """Give up ``handle``: its prefill engine frees the blocks at once (the decode that

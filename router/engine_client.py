@@ -33,7 +33,7 @@ class PDEngineClient:
     classes use (they read these attributes and call ``generate``)."""
 
     def __init__(self, vllm_config: Any, renderer: Any, flow: DisaggregatedFlow, *,
-                 disaggregation_threshold: int):
+                 disaggregation_threshold: int, stream_chunk_interval_s: float = 0.0):
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
         self.renderer = renderer
@@ -42,6 +42,7 @@ class PDEngineClient:
         self.dead_error = RuntimeError("the engine pools are unavailable")
         self.flow = flow
         self._threshold = disaggregation_threshold
+        self._chunk_interval_s = stream_chunk_interval_s
         self._vocab_size = self.model_config.get_vocab_size()
         self._requests: dict[str, RequestLifecycle] = {}
 
@@ -85,7 +86,8 @@ class PDEngineClient:
         # The prompts of one batched request run one after another: Serve gives the calls a
         # request makes its own internal id, and two streams of one id at once lose one.
         request = EngineRequest(request_id, tuple(token_ids), sampling_params,
-                                reasoning_ended, reasoning_parser_kwargs)
+                                reasoning_ended, reasoning_parser_kwargs,
+                                chunk_interval_s=self._chunk_interval(sampling_params))
         run = self._run(lifecycle, request, cost, route)
         async with lifecycle.turn, aclosing(run) as outputs:
             async for output in outputs:
@@ -125,6 +127,14 @@ class PDEngineClient:
         finally:
             lifecycle.release(ticket)
             await outputs.aclose()
+
+    def _chunk_interval(self, sampling_params: Any) -> float:
+        """A stream's chunks are paced (decode/pacing.py); a unary answer is one output."""
+        from vllm.sampling_params import RequestOutputKind
+
+        if sampling_params.output_kind == RequestOutputKind.DELTA:
+            return self._chunk_interval_s
+        return 0.0
 
     def route(self, token_ids: list[int], sampling_params: Any) -> Route:
         """Per-request disaggregation, and the requests the prefill pool cannot serve.

@@ -33,6 +33,7 @@ class RequestTimer:
     first_event: float | None = None
     last_token: float | None = None
     tokens: int = 0
+    chunks: int = 0  # outputs that carried tokens
     inter_token_gaps: list[float] = field(default_factory=list)
 
     def render(self, now: float) -> None:
@@ -80,6 +81,7 @@ class RequestTimer:
             self.inter_token_gaps.extend([gap] * later_tokens)
         self.last_token = now
         self.tokens += num_tokens
+        self.chunks += 1
 
     @property
     def ttft(self) -> float | None:

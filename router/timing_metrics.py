@@ -98,6 +98,7 @@ class RequestObserver:
             return
         RECORDER.inc(m.PROMPT_TOKENS, self._tags, self._prompt_tokens)
         RECORDER.inc(m.GENERATION_TOKENS, self._tags, timer.tokens)
+        RECORDER.inc(m.OUTPUT_CHUNKS, self._tags, timer.chunks)
         if timer.ttft is not None:
             RECORDER.observe(m.TTFT, self._tags, timer.ttft)
         if timer.e2e is not None:

@@ -59,6 +59,7 @@ def build_version(config: PDServeConfig, version: str, flow: DisaggregatedFlow,
     client = PDEngineClient(
         vllm_config, renderer, flow,
         disaggregation_threshold=config.router.disaggregation_threshold_tokens,
+        stream_chunk_interval_s=config.router.stream_chunk_interval_ms / 1000,
     )
     checkpoint = config.versions[version]
     frontends = {

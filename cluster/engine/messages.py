@@ -31,6 +31,9 @@ class EngineRequest:
     # The router replica that reads the outputs, as (Ray namespace, actor name): engines
     # abort the request if that replica dies (cluster/engine/callers.py). None: unwatched.
     caller: tuple[str, str] | None = None
+    # A stream's decode replica sends at most one chunk of outputs per this many seconds
+    # (decode/pacing.py); 0: each output as it comes.
+    chunk_interval_s: float = 0.0
 
 
 @dataclass(frozen=True)

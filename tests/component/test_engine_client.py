@@ -92,14 +92,16 @@ class FakeGate:
 class Setup:
     """A client with one registered request, as the router leaves it for vLLM's layer."""
 
-    def __init__(self, flow: FakeFlow | None = None, gate: FakeGate | None = None):
+    def __init__(self, flow: FakeFlow | None = None, gate: FakeGate | None = None,
+                 chunk_interval_s: float = 0.0):
         self.flow = flow or FakeFlow()
         self.gate = gate or FakeGate()
         self.observer = RecordingObserver()
         self.lifecycle = RequestLifecycle(self.gate, CHAT_ID, self.observer, "client-a")
         model_config = SimpleNamespace(get_vocab_size=lambda: VOCAB)
         self.client = PDEngineClient(SimpleNamespace(model_config=model_config), None,
-                                     self.flow, disaggregation_threshold=THRESHOLD)
+                                     self.flow, disaggregation_threshold=THRESHOLD,
+                                     stream_chunk_interval_s=chunk_interval_s)
         self.client.register(KEY, self.lifecycle)
 
     def generate(self, prompt: list[int], params: SamplingParams, request_id: str = CHAT_ID):
@@ -163,6 +165,16 @@ def test_the_flow_gets_vllms_id_the_prompt_and_the_sampling_as_vllm_built_them()
     assert request.request_id == f"cmpl-{KEY}-0"
     assert request.prompt_token_ids == tuple(SHORT)
     assert request.sampling is sampling
+
+
+@pytest.mark.parametrize(("kind", "interval"), [
+    (RequestOutputKind.DELTA, 0.02), (RequestOutputKind.FINAL_ONLY, 0.0)])
+def test_a_stream_asks_the_decode_pool_to_pace_its_chunks_and_a_unary_answer_does_not(
+        kind, interval):
+    setup = Setup(chunk_interval_s=0.02)
+    setup.collect(SHORT, params(kind))
+    (request, _), = setup.flow.calls
+    assert request.chunk_interval_s == interval
 
 
 # ---- admission and path ------------------------------------------------------------

@@ -76,3 +76,20 @@ def test_decode_engine_receives_the_prompt_kv_instead_of_recomputing(pdserve):
     assert delta("decode", "kv_bytes_transferred") > 0
     assert delta("decode", "kv_transfer_failures") == 0
     assert engine_stats(pdserve)["prefill"]["kv_cache_usage"] == 0  # blocks released
+
+
+def test_a_stream_leaves_the_decode_pool_in_chunks_with_the_same_tokens(pdserve):
+    """router.stream_chunk_interval_ms (20 ms, the default): the tiny model makes a token
+    every few milliseconds, so a stream's tokens reach the client grouped into chunks (one
+    SSE event each), never one event per token, and they are the unary answer's tokens.
+    With the interval at 0 every token is its own event here and this fails."""
+    prompt = prose(20, seed=5)
+    params = {"max_tokens": 64, "temperature": 0, "ignore_eos": True}
+    streamed = generate(pdserve, "completion", MODEL, prompt, stream=True, **params)
+    unary = generate(pdserve, "completion", MODEL, prompt, stream=False, **params)
+    assert streamed.status == unary.status == 200, (streamed.error, unary.error)
+    assert streamed.token_ids == unary.token_ids and len(unary.token_ids) == 64
+    assert streamed.text == unary.text
+    chunks = [event for event in streamed.events
+              if any(choice.get("token_ids") for choice in event.get("choices", []))]
+    assert 1 < len(chunks) < 64, f"{len(chunks)} chunks for 64 tokens"

@@ -101,6 +101,7 @@ def test_timer_first_chunk_with_several_tokens():
     timer = RequestTimer(arrival=0.0)
     timer.chunk(1.0, 3)
     assert timer.ttft == 1.0 and timer.inter_token_gaps == [0.0, 0.0] and timer.tokens == 3
+    assert timer.chunks == 1
 
 
 def test_timer_without_tokens_has_no_latencies():
