@@ -94,6 +94,12 @@ ENGINE_PROMPT_TOKENS = MetricSpec("pdserve_engine_prompt_tokens_total", "counter
                                   "(computed, cached, transferred)", (*POOL_TAGS, "source"))
 ENGINE_GENERATION_TOKENS = MetricSpec("pdserve_engine_generation_tokens_total", "counter",
                                       "Tokens the engine generated", POOL_TAGS)
+ENGINE_PHASE = MetricSpec("pdserve_engine_request_seconds", "histogram",
+                          "Engine time of each finished request by phase: queued (arrival "
+                          "to first scheduled) and prefill (scheduled to first token; on "
+                          "the decode pool the KV pull included): the engines' part of "
+                          "the router's prefill and first_token stages",
+                          (*POOL_TAGS, "phase"), STAGE_BUCKETS)
 
 # --- KV transfer (recorded by the decode engines that pull) ----------------------------
 KV_TRANSFER_SECONDS = MetricSpec("pdserve_kv_transfer_seconds", "histogram",
@@ -142,6 +148,7 @@ PREFILL_PER_DECODE = MetricSpec("pdserve_autoscaling_prefill_per_decode", "gauge
 CATALOGUE: tuple[MetricSpec, ...] = (
     TTFT, ITL, E2E, QUEUE, STAGE, REQUESTS, PROMPT_TOKENS, GENERATION_TOKENS, OUTPUT_CHUNKS,
     REPLICAS, RUNNING, WAITING, KV_USAGE, ENGINE_PROMPT_TOKENS, ENGINE_GENERATION_TOKENS,
+    ENGINE_PHASE,
     KV_TRANSFER_SECONDS, KV_TRANSFER_BYTES, KV_TRANSFER_FAILURES, KV_LEASES_EXPIRED,
     KV_HANDLES_LATE, RETRIES,
     CANARY_PERCENT, CANARY_DECISIONS,

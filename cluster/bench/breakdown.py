@@ -1,7 +1,10 @@
 """Where each request's time to its first event went, from pdserve's stage histogram (pure).
 
 pdserve records every answered request's stages (``pdserve_request_stage_seconds``,
-router/timing.py). A benchmark scrapes the Prometheus text before and after its run; the
+router/timing.py), and each engine the time a finished request spent queued and being
+prefilled there (``pdserve_engine_request_seconds``, keyed here "<pool> engine <phase>"):
+the engines' part of the router's ``prefill`` and ``first_token`` stages, the rest being
+hops between processes. A benchmark scrapes the Prometheus text before and after its run; the
 difference is that run's requests alone, whatever ran before. Quantiles are read from the
 bucket counts the way Prometheus's ``histogram_quantile`` does (linear within a bucket).
 Means are approximate too: Ray's metrics exporter rebuilds a histogram's sum from the
@@ -21,19 +24,36 @@ from router.timing import STAGES
 StageSamples = dict[tuple[str, str], float]
 
 
+# The engines' phases, in the order a disaggregated request meets them.
+ENGINE_PARTS = tuple(f"{pool} engine {phase}" for pool in ("prefill", "decode")
+                     for phase in ("queued", "prefill"))
+
+
 def stage_samples(families) -> StageSamples:
-    """The stage histogram's samples out of ``prometheus_client``'s parsed families."""
-    name = m.STAGE.exported_name
+    """The stage and engine-phase histograms' samples out of ``prometheus_client``'s
+    parsed families."""
     samples: StageSamples = defaultdict(float)
     for family in families:
         for sample in family.samples:
-            stage = sample.labels.get("stage")
-            if stage is None or not sample.name.startswith(name):
+            part, series = _part_of(sample)
+            if part is None:
                 continue
-            series = sample.name[len(name) + 1:]  # bucket, sum or count
             key = sample.labels["le"] if series == "bucket" else series
-            samples[(stage, key)] += sample.value
+            samples[(part, key)] += sample.value
     return dict(samples)
+
+
+def _part_of(sample) -> tuple[str | None, str]:
+    """The breakdown part a sample belongs to, and its series (bucket, sum or count)."""
+    for spec in (m.STAGE, m.ENGINE_PHASE):
+        if sample.name.startswith(spec.exported_name + "_"):
+            series = sample.name[len(spec.exported_name) + 1:]
+            labels = sample.labels
+            if spec is m.STAGE:
+                return labels.get("stage"), series
+            if "pool" in labels and "phase" in labels:
+                return f"{labels['pool']} engine {labels['phase']}", series
+    return None, ""
 
 
 def answered(before: StageSamples, after: StageSamples) -> int:
@@ -41,10 +61,16 @@ def answered(before: StageSamples, after: StageSamples) -> int:
     return round(_delta(before, after, "first_token", "count"))
 
 
+def decoded(before: StageSamples, after: StageSamples) -> int:
+    """Requests the decode engines finished between the two scrapes (their phases are
+    exported by the engine replicas, a few seconds apart from the router's stages)."""
+    return round(_delta(before, after, "decode engine queued", "count"))
+
+
 def breakdown(before: StageSamples, after: StageSamples) -> dict[str, dict[str, float]]:
     """Per stage that happened between the scrapes: requests, mean, p50 and p95 (s)."""
     result = {}
-    for stage in STAGES:
+    for stage in (*STAGES, *ENGINE_PARTS):
         count = _delta(before, after, stage, "count")
         if count <= 0:
             continue
@@ -77,9 +103,12 @@ def quantile(q: float, buckets: list[tuple[float, float]]) -> float:
 
 def table(stages: dict[str, dict[str, float]]) -> str:
     """The breakdown as `pdserve bench` prints it (milliseconds)."""
-    lines = [f"  {'stage (ms)':<13}{'requests':>9}{'mean':>9}{'p50':>9}{'p95':>9}"]
+    lines = [f"  {'stage (ms)':<24}{'requests':>9}{'mean':>9}{'p50':>9}{'p95':>9}"]
+    first_engine_part = next((stage for stage in stages if stage in ENGINE_PARTS), None)
     for stage, row in stages.items():
-        lines.append(f"  {stage:<13}{row['requests']:>9.0f}{row['mean_s'] * 1000:>9.1f}"
+        if stage == first_engine_part:
+            lines.append("  of which in the engines:")
+        lines.append(f"  {stage:<24}{row['requests']:>9.0f}{row['mean_s'] * 1000:>9.1f}"
                      f"{row['p50_s'] * 1000:>9.1f}{row['p95_s'] * 1000:>9.1f}")
     return "\n".join(lines)
 

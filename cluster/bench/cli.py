@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 from cluster.bench import breakdown, report
@@ -22,7 +21,6 @@ from cluster.bench.stats import SLO, RequestRecord, ratio, summarise
 from cluster.bench.workload import WorkloadSpec, plan
 from cluster.config import PDServeConfig, load_config
 from cluster.engine.args import CPU_BIND_ENV
-from cluster.percentile import percentile
 from cluster.slo import SLOConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,11 +51,21 @@ def add_parser(commands) -> None:
     compare = sub.add_parser("compare", help="pdserve disaggregated vs one colocated vLLM")
     compare.add_argument("--config", type=Path, default=BENCH_CONFIG)
     compare.add_argument("--workloads", default="interference,reference")
+    compare.add_argument("--setups", default="pdserve,colocated",
+                         help="comma-separated, the first is the ratios' numerator: "
+                              "pdserve, colocated (one vLLM engine on both pools' cores), "
+                              "serve-llm (Ray Serve LLM's PD app with pdserve's engine "
+                              "settings; needs the serve-llm extra), serve-llm-per-token "
+                              "(the same, streaming each token without its 50 ms batching)")
     _workload_args(compare)
 
     overhead = sub.add_parser("overhead", help="pdserve's added latency at low load")
     overhead.add_argument("--config", type=Path, default=BENCH_CONFIG)
     overhead.add_argument("--requests", type=int, default=30)
+    overhead.add_argument("--max-tokens", type=int, default=16,
+                          help="tokens per answer (256: the per-token cost of streaming)")
+    overhead.add_argument("--paths", default="decode_local,disaggregated",
+                          help="pdserve's paths to measure, each a run of its own")
     overhead.add_argument("--out", type=Path, default=Path("bench-results"))
 
     variants = sub.add_parser("variants", help="one workload against config variants (A/B)")
@@ -69,6 +77,9 @@ def add_parser(commands) -> None:
     transfer = sub.add_parser("transfer", help="NIXL KV-transfer GB/s vs a host memcpy")
     transfer.add_argument("--sizes-mib", default="1,4,16,64")
     transfer.add_argument("--repeats", type=int, default=20)
+    transfer.add_argument("--transports", default="tcp,cma,sm",
+                          help="UCX transports to measure, each in fresh processes: tcp "
+                               "(between hosts), cma and sm (same host)")
     transfer.add_argument("--out", type=Path, default=Path("bench-results"))
 
 
@@ -192,10 +203,12 @@ def _settled_stage_samples(metrics_url: str | None) -> breakdown.StageSamples | 
 def _stages_since(metrics_url: str, before: breakdown.StageSamples,
                   answered: int) -> dict[str, dict[str, float]]:
     """The stage breakdown of the ``answered`` requests since ``before``: Ray exports
-    the router's histograms every few seconds, so wait (30 s at most) until all are in."""
+    the router's and the engines' histograms every few seconds, so wait (30 s at most)
+    until all are in."""
     deadline = time.monotonic() + 30
     after = _stage_samples(metrics_url)
-    while breakdown.answered(before, after) < answered and time.monotonic() < deadline:
+    while (min(breakdown.answered(before, after), breakdown.decoded(before, after))
+           < answered and time.monotonic() < deadline):
         time.sleep(1)
         after = _stage_samples(metrics_url)
     stages = breakdown.breakdown(before, after)
@@ -248,12 +261,8 @@ def _compare(args) -> int:
     count_tokens = _token_counter(args.tokenizer or str(config.model.path))
     workloads = args.workloads.split(",")
     log_dir = args.out / "logs"
-    setups = {
-        "pdserve": lambda: processes.start_pdserve(args.config, config, log_dir, REPO),
-        "colocated": lambda: processes.start_vllm_server(
-            config, COMPARE_REFERENCE_PORT, log_dir, REPO, name="colocated-vllm",
-            role="decode", cpu_bind=_all_cores_bind(config)),
-    }
+    setups = {name: _compare_setup(name, args.config, config, log_dir)
+              for name in args.setups.split(",")}
     results: dict[str, dict[str, dict]] = {}
     records: dict[str, dict[str, list[RequestRecord]]] = {}
     for setup, start in setups.items():
@@ -269,8 +278,11 @@ def _compare(args) -> int:
                 results.setdefault(workload, {})[setup] = summary
                 records.setdefault(workload, {})[setup] = recs
                 print(report.table(f"{setup} / {workload}", summary["all"]))
-    ratios = {w: _compare_ratios(r["pdserve"], r["colocated"]) for w, r in results.items()}
-    print(_ratio_table(ratios))
+    first, *others = list(setups)
+    ratios = {f"{first} / {other}": {w: _compare_ratios(r[first], r[other])
+                                      for w, r in results.items()} for other in others}
+    for pair, per_workload in ratios.items():
+        print(_ratio_table(pair, per_workload))
     report.write_json(args.out / "compare.json", {
         "config": str(args.config), "machine": _machine(), "ratios": ratios,
         "results": results,
@@ -281,9 +293,38 @@ def _compare(args) -> int:
         runs = {f"{setup} {kind}": [r for r in recs if r.kind == kind]
                 for setup, recs in per_setup.items() for kind in ("short", "long")}
         report.ttft_cdf_plot(args.out / f"compare-{workload}-ttft-cdf.png", runs,
-                             f"TTFT, {workload} workload: pdserve vs colocated vLLM")
+                             f"TTFT, {workload} workload: {', '.join(per_setup)}")
     print(f"results in {args.out}/")
     return 0
+
+
+SERVE_LLM_PORT = 8600
+
+
+def _compare_setup(name: str, config_path: Path, config: PDServeConfig, log_dir: Path):
+    """What starts setup ``name`` of ``bench compare`` (a server ``processes.running``
+    waits for)."""
+    from cluster import processes
+    from cluster.bench import serve_llm
+
+    if name == "pdserve":
+        return lambda: processes.start_pdserve(config_path, config, log_dir, REPO)
+    if name == "colocated":
+        return lambda: processes.start_vllm_server(
+            config, COMPARE_REFERENCE_PORT, log_dir, REPO, name="colocated-vllm",
+            role="decode", cpu_bind=_all_cores_bind(config))
+    if name in ("serve-llm", "serve-llm-per-token"):
+        batching = 0 if name == "serve-llm-per-token" else None
+
+        def start():
+            server = processes.start(name, serve_llm.start_args(
+                config_path, SERVE_LLM_PORT, batching), f"http://127.0.0.1:{SERVE_LLM_PORT}",
+                log_dir, REPO)
+            server.ready_line, server.health_path = serve_llm.SERVING_LINE, "/v1/models"
+            return server
+        return start
+    raise SystemExit(f"bench compare: unknown setup {name!r} (pdserve, colocated, "
+                     f"serve-llm, serve-llm-per-token)")
 
 
 def _all_cores_bind(config: PDServeConfig) -> str | None:
@@ -316,8 +357,8 @@ def _compare_ratios(pd: dict, colocated: dict) -> dict:
     }
 
 
-def _ratio_table(ratios: dict[str, dict]) -> str:
-    lines = ["pdserve / colocated vLLM (latency: <1 is better; throughput, goodput: >1 is better)",
+def _ratio_table(pair: str, ratios: dict[str, dict]) -> str:
+    lines = [f"{pair} (latency: <1 is better; throughput, goodput: >1 is better)",
              f"  {'workload':<14}{'short p95 TTFT':>16}{'p95 ITL':>10}{'tok/s':>8}{'goodput':>9}"]
     for workload, r in ratios.items():
         cells = [r["short_p95_ttft"], r["p95_itl"], r["throughput"], r["goodput"]]
@@ -400,53 +441,57 @@ def _variants_table(summaries: dict[str, dict]) -> str:
 # ---- overhead --------------------------------------------------------------------------
 
 def _overhead(args) -> int:
-    """Short prompts one at a time: pdserve vs a vLLM server on the decode pool's cores.
+    """Short prompts one at a time: vLLM's server on the decode pool's cores, then pdserve
+    on each path (cluster/bench/overhead.py)."""
+    import yaml
 
-    The difference is what disaggregation plus routing adds at low load: the router and
-    Serve hops, the prefill round trip and the KV transfer.
-    """
     from cluster import processes
+    from cluster.bench import overhead
+    from cluster.config import parse_config
     from cluster.tiny_model import ensure_model
 
     config = load_config(args.config)
     ensure_model(config.model.path, config.model.generate)
     log_dir = args.out / "logs"
     spec = WorkloadSpec(name="reference", rate=1000, num_requests=args.requests, seed=7)
-    count_tokens = _token_counter(str(config.model.path))
-    requests = [replace(r, send_at=0.0, max_tokens=16) for r in plan(spec, count_tokens)]
-    requests = [replace(r, prompt=r.prompt[:256]) for r in requests]
+    requests = overhead.shorten(plan(spec, _token_counter(str(config.model.path))),
+                                args.max_tokens)
     # the primary version's decode pool: the one whose engine settings the baseline runs
     decode_bind = config.pool(config.model.version, "decode").env.get(CPU_BIND_ENV)
-    setups = {
-        "pdserve": lambda: processes.start_pdserve(args.config, config, log_dir, REPO),
-        "vllm-decode-cores": lambda: processes.start_vllm_server(
-            config, COMPARE_REFERENCE_PORT, log_dir, REPO, name="overhead-vllm",
-            role="decode", cpu_bind=decode_bind),
-    }
-    medians: dict[str, dict[str, float | None]] = {}
-    stages = None
+    setups = {"vllm": lambda: processes.start_vllm_server(
+        config, COMPARE_REFERENCE_PORT, log_dir, REPO, name="overhead-vllm", role="decode",
+        cpu_bind=decode_bind)}
+    document = yaml.safe_load(args.config.read_text())
+    for path in args.paths.split(","):
+        path_document = overhead.config_for_path(document, path, config)
+        path_file = overhead.write_config(path_document, args.out, path)
+        path_config = parse_config(path_document, source=str(path_file))
+        setups[f"pdserve {path}"] = (
+            lambda f=path_file, c=path_config: processes.start_pdserve(f, c, log_dir, REPO))
+    runs: dict[str, dict] = {}
     for setup, start in setups.items():
         with processes.running(start()) as server:
             _warm_up(server.base_url, config.model.name)
-            metrics_url = metrics_url_of(config) if setup == "pdserve" else None
+            metrics_url = metrics_url_of(config) if setup != "vllm" else None
             before = _settled_stage_samples(metrics_url)
-            ttfts, e2es = [], []
-            for planned in requests:  # one at a time: no queueing, no batching
-                recs, _ = asyncio.run(run_workload(server.base_url, config.model.name,
-                                                   [planned], progress=False))
-                if recs[0].ok:
-                    ttfts.append(recs[0].ttft)
-                    e2es.append(recs[0].e2e)
+            runs[setup] = overhead.measure(server.base_url, config.model.name, requests,
+                                           args.max_tokens, server.process.pid)
             if before is not None:  # where pdserve's part of the TTFT went
-                stages = _stages_since(metrics_url, before, len(ttfts))
-        medians[setup] = {"ttft_p50_s": percentile(ttfts, 50),
-                          "e2e_p50_s": percentile(e2es, 50), "n": len(ttfts)}
-    pd, plain = medians["pdserve"], medians["vllm-decode-cores"]
-    added = {key: (pd[key] - plain[key]) if pd[key] is not None and plain[key] is not None
-             else None for key in ("ttft_p50_s", "e2e_p50_s")}
-    result = {"medians": medians, "added_by_pdserve_s": added, "pdserve_stages": stages}
-    print(json.dumps(result, indent=2))
-    report.write_json(args.out / "overhead.json", {**result, "machine": _machine()})
+                print(f"{setup}: where the time to the first event went")
+                stages = _stages_since(metrics_url, before, runs[setup]["n"])
+                runs[setup]["stages"] = stages
+                runs[setup]["ttft_by_owner_s"] = overhead.engine_share(stages)
+    print(overhead.latency_table(runs, baseline="vllm"))
+    print(overhead.cpu_table(runs))
+    for setup, run in runs.items():
+        share = run.get("ttft_by_owner_s")
+        if share:
+            print(f"  {setup}: router's part of the TTFT {share['router_s'] * 1000:.1f} ms "
+                  f"= engines {share['engines_s'] * 1000:.1f} + serving "
+                  f"{share['serving_s'] * 1000:.1f} (means)")
+    report.write_json(args.out / "overhead.json", {
+        "config": str(args.config), "max_tokens": args.max_tokens, "runs": runs,
+        "machine": _machine()})
     return 0
 
 
@@ -457,11 +502,11 @@ def _transfer(args) -> int:
 
     sizes = [int(s) for s in args.sizes_mib.split(",")]
     started = time.time()
-    rows = measure_transfers(sizes, args.repeats)
-    print(f"  {'MiB':>6}{'NIXL GB/s':>11}{'memcpy GB/s':>13}{'ratio':>8}")
+    rows = measure_transfers(sizes, args.repeats, args.transports.split(","))
+    print(f"  {'transport':<10}{'MiB':>6}{'NIXL GB/s':>11}{'memcpy GB/s':>13}{'ratio':>8}")
     for row in rows:
-        print(f"  {row['mib']:>6}{row['nixl_gbps']:>11.2f}{row['memcpy_gbps']:>13.2f}"
-              f"{row['ratio']:>8.2f}")
+        print(f"  {row['transport']:<10}{row['mib']:>6}{row['nixl_gbps']:>11.2f}"
+              f"{row['memcpy_gbps']:>13.2f}{row['ratio']:>8.2f}")
     report.write_json(args.out / "transfer.json",
                       {"rows": rows, "machine": _machine(), "seconds": time.time() - started})
     return 0

@@ -1,64 +1,174 @@
-"""KV-transfer micro-benchmark: NIXL READs between two agents vs a host memory copy.
+"""KV-transfer micro-benchmark: NIXL READs between two processes vs a host memory copy.
 
-Two NIXL agents (UCX backend, TCP on loopback — the transport the CPU engines use) each
-register a CPU buffer laid out as KV blocks; one agent READs the other's blocks, as a decode
-engine pulls a prefill engine's. Like the CPU engines (see docs/design.md), the agents run
-without NIXL's spinning progress thread: both sides are progressed by polling, the reader
-through its transfer state and the owner through its notifications, as vLLM's connector
-does on every engine step. The same bytes copied with ``torch`` (a plain host
-``memcpy``) are the baseline: the ratio says how close the transfer path comes to the
-machine's memory bandwidth.
+Two processes, as two engines are: an owner registers a CPU buffer laid out as KV blocks
+(a prefill engine's cache), a reader READs all of them into its own buffer, one descriptor
+per block, the way a decode engine pulls. Both run NIXL's UCX backend with the transports
+``UCX_TLS`` names, without NIXL's spinning progress thread (as the CPU engines run, see
+docs/design.md): the reader progresses through its transfer's state, the owner through its
+notifications, as vLLM's connector does on every engine step (here in a tight loop, so the
+owner's side is never the one waiting for a step).
+
+Each transport is measured in fresh processes, since UCX reads ``UCX_TLS`` once per
+process: ``tcp`` is the path between hosts (here over loopback), ``cma`` (cross-memory
+attach: the kernel copies straight from the owner's pages) and ``sm`` (every shared-memory
+transport UCX has) are same-host paths. The same bytes copied with ``torch`` in the reader
+(a plain host ``memcpy``) are the baseline: the ratio says how close each path comes to
+the machine's memory bandwidth.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
+from contextlib import contextmanager
 
-BLOCK_BYTES = 16 * 1024  # one 32-token block of the tiny model, one layer (see design.md)
+BLOCK_BYTES = 16 * 1024  # one 32-token K or V block of one layer of the bench model
+
+# UCX_TLS per transport: "self" for an agent's own loopback, "tcp" also carries the
+# connection set-up, which UCX's shared-memory transports cannot do alone.
+TRANSPORTS = {"tcp": "tcp,self", "cma": "tcp,cma,self", "sm": "tcp,sm,self"}
+SEED = 7  # the owner's bytes; the reader regenerates them to check what arrived
 
 
-def _agents():
-    os.environ.setdefault("UCX_TLS", "tcp,self")
+def measure_transfers(sizes_mib: list[int], repeats: int,
+                      transports: list[str] | None = None) -> list[dict]:
+    """Best-of-``repeats`` GB/s per transport and size, NIXL READ and host memcpy."""
+    rows = []
+    for transport in transports or list(TRANSPORTS):
+        with _owner_process(transport, sizes_mib) as (owner_meta, buffers, ctx):
+            rows.extend(_read_in_child(ctx, transport, owner_meta, buffers, sizes_mib,
+                                       repeats))
+    return rows
+
+
+@contextmanager
+def _owner_process(transport: str, sizes_mib: list[int]):
+    """A process that owns one registered buffer per size and progresses its agent
+    until the context ends; yields its agent metadata and the buffers' block addresses."""
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    process = ctx.Process(target=_serve_blocks, args=(child, TRANSPORTS[transport],
+                                                      sizes_mib), daemon=True)
+    process.start()
+    try:
+        if not parent.poll(120):
+            raise RuntimeError(f"the NIXL owner process ({transport}) did not start")
+        reply = parent.recv()
+        if isinstance(reply, str):
+            raise RuntimeError(f"NIXL with UCX_TLS={TRANSPORTS[transport]}: {reply}")
+        yield reply["metadata"], reply["buffers"], ctx
+    finally:
+        parent.send("stop")
+        process.join(30)
+        if process.is_alive():
+            process.kill()
+
+
+def _read_in_child(ctx, transport: str, owner_meta: bytes, buffers: dict[int, list],
+                   sizes_mib: list[int], repeats: int) -> list[dict]:
+    parent, child = ctx.Pipe()
+    process = ctx.Process(target=_read_blocks, daemon=True, args=(
+        child, TRANSPORTS[transport], owner_meta, buffers, sizes_mib, repeats))
+    process.start()
+    try:
+        if not parent.poll(600):
+            raise RuntimeError(f"the NIXL reader process ({transport}) did not answer")
+        rows = parent.recv()
+    finally:
+        process.join(30)
+        if process.is_alive():
+            process.kill()
+    if isinstance(rows, str):
+        raise RuntimeError(f"NIXL with UCX_TLS={TRANSPORTS[transport]}: {rows}")
+    return [{"transport": transport, **row} for row in rows]
+
+
+def _agent(name: str, ucx_tls: str):
+    os.environ["UCX_TLS"] = ucx_tls  # before the agent: UCX reads it when it starts
     from nixl._api import nixl_agent, nixl_agent_config
 
-    config = nixl_agent_config(enable_prog_thread=False, backends=["UCX"])
-    return nixl_agent("bench-reader", config), nixl_agent("bench-owner", config)
+    return nixl_agent(name, nixl_agent_config(enable_prog_thread=False, backends=["UCX"]))
 
 
-def _nixl_read_seconds(reader, owner, num_bytes: int, repeats: int) -> float:
+def _blocks(num_bytes: int) -> int:
+    return max(1, num_bytes // BLOCK_BYTES)
+
+
+def _serve_blocks(conn, ucx_tls: str, sizes_mib: list[int]) -> None:
+    """The owner (child process): register a seeded buffer per size, send where its
+    blocks are, progress the agent until told to stop."""
+    try:
+        import torch
+
+        agent = _agent("bench-owner", ucx_tls)
+        generator = torch.Generator().manual_seed(SEED)
+        tensors, buffers = [], {}
+        for mib in sizes_mib:
+            tensor = torch.randint(0, 255, (_blocks(mib * 2**20), BLOCK_BYTES),
+                                   dtype=torch.uint8, generator=generator)
+            agent.register_memory(tensor)
+            tensors.append(tensor)
+            buffers[mib] = [(tensor[i].data_ptr(), BLOCK_BYTES, 0)
+                            for i in range(tensor.shape[0])]
+        conn.send({"metadata": agent.get_agent_metadata(), "buffers": buffers})
+    except Exception as error:  # the parent reports it
+        conn.send(f"{type(error).__name__}: {error}")
+        return
+    while not conn.poll(0):
+        agent.get_new_notifs()  # progresses the owner's side of the reads
+
+
+def _read_blocks(conn, ucx_tls: str, owner_meta: bytes, buffers: dict[int, list],
+                 sizes_mib: list[int], repeats: int) -> None:
+    """The reader (child process): READ every size ``repeats`` times, check the bytes,
+    time a memcpy of the same size."""
+    try:
+        import torch
+
+        agent = _agent("bench-reader", ucx_tls)
+        owner = agent.add_remote_agent(owner_meta)
+        generator = torch.Generator().manual_seed(SEED)
+        rows = []
+        for mib in sizes_mib:
+            expected = torch.randint(0, 255, (_blocks(mib * 2**20), BLOCK_BYTES),
+                                     dtype=torch.uint8, generator=generator)
+            seconds = _best_read(agent, owner, buffers[mib], expected, repeats)
+            copy_s = _memcpy_seconds(expected.numel(), repeats)
+            num_bytes = expected.numel()
+            rows.append({"mib": mib, "blocks": expected.shape[0],
+                         "nixl_gbps": num_bytes / seconds / 1e9,
+                         "memcpy_gbps": num_bytes / copy_s / 1e9, "ratio": copy_s / seconds})
+        conn.send(rows)
+    except Exception as error:
+        conn.send(f"{type(error).__name__}: {error}")
+
+
+def _best_read(agent, owner: str, remote_blocks: list, expected, repeats: int) -> float:
     import torch
 
-    blocks = max(1, num_bytes // BLOCK_BYTES)
-    local = torch.zeros(blocks, BLOCK_BYTES, dtype=torch.uint8)
-    remote = torch.randint(0, 255, (blocks, BLOCK_BYTES), dtype=torch.uint8)
-    local_reg = reader.register_memory(local)
-    remote_reg = owner.register_memory(remote)
-    remote_name = reader.add_remote_agent(owner.get_agent_metadata())
+    local = torch.zeros_like(expected)
+    registered = agent.register_memory(local)
     try:
-        # One descriptor per block, as vLLM's connector reads block by block.
-        local_descs = reader.get_xfer_descs([local[i] for i in range(blocks)])
-        remote_descs = owner.get_xfer_descs([remote[i] for i in range(blocks)])
+        local_descs = agent.get_xfer_descs([local[i] for i in range(local.shape[0])])
+        remote_descs = agent.get_xfer_descs(remote_blocks, "DRAM")
         best = float("inf")
         for _ in range(repeats):
-            handle = reader.initialize_xfer("READ", local_descs, remote_descs, remote_name)
+            handle = agent.initialize_xfer("READ", local_descs, remote_descs, owner)
             started = time.perf_counter()
-            state = reader.transfer(handle)
+            state = agent.transfer(handle)
             while state not in ("DONE", "ERR"):
-                owner.get_new_notifs()  # progresses the owner's side of the READ
-                state = reader.check_xfer_state(handle)
+                state = agent.check_xfer_state(handle)
             elapsed = time.perf_counter() - started
-            reader.release_xfer_handle(handle)
+            agent.release_xfer_handle(handle)
             if state != "DONE":
                 raise RuntimeError("NIXL transfer failed")
             best = min(best, elapsed)
-        if not torch.equal(local, remote):
+        if not torch.equal(local, expected):
             raise RuntimeError("NIXL transfer delivered wrong bytes")
         return best
     finally:
-        reader.remove_remote_agent(remote_name)
-        reader.deregister_memory(local_reg)
-        owner.deregister_memory(remote_reg)
+        agent.deregister_memory(registered)
 
 
 def _memcpy_seconds(num_bytes: int, repeats: int) -> float:
@@ -72,19 +182,3 @@ def _memcpy_seconds(num_bytes: int, repeats: int) -> float:
         target.copy_(source)
         best = min(best, time.perf_counter() - started)
     return best
-
-
-def measure_transfers(sizes_mib: list[int], repeats: int) -> list[dict]:
-    """Best-of-``repeats`` GB/s for each size: NIXL READ and host memcpy."""
-    reader, owner = _agents()
-    rows = []
-    for mib in sizes_mib:
-        num_bytes = mib * 2**20
-        nixl_s = _nixl_read_seconds(reader, owner, num_bytes, repeats)
-        copy_s = _memcpy_seconds(num_bytes, repeats)
-        rows.append({
-            "mib": mib, "blocks": num_bytes // BLOCK_BYTES,
-            "nixl_gbps": num_bytes / nixl_s / 1e9, "memcpy_gbps": num_bytes / copy_s / 1e9,
-            "ratio": copy_s / nixl_s,
-        })
-    return rows

@@ -24,12 +24,20 @@ def parse_variant(text: str) -> Variant:
     """``"lane:router.admission.long_prompt_tokens=2048,prefill.max_num_batched_tokens=512"``.
 
     A name with no overrides (``"base"``) serves the config as it is.
+    A part without ``=`` continues the previous value, so a value may hold commas
+    (``kv_transfer.ucx_tls=tcp,self``).
     """
     name, _, rest = text.partition(":")
     if not name.strip():
         raise ValueError(f"variant {text!r} has no name")
+    items: list[str] = []
+    for part in filter(None, (part.strip() for part in rest.split(","))):
+        if "=" in part or not items:
+            items.append(part)
+        else:
+            items[-1] += "," + part
     overrides = {}
-    for item in filter(None, (part.strip() for part in rest.split(","))):
+    for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"override {item!r} of variant {name!r} is not key.path=value")

@@ -293,6 +293,9 @@ def _observe_iteration(stats: EngineStats, recorder: m.Recorder, tags, iteration
                           ("transferred", tokens.external_kv_transfer)):
         recorder.inc(m.ENGINE_PROMPT_TOKENS, {**tags, "source": source}, count)
     recorder.inc(m.ENGINE_GENERATION_TOKENS, tags, iteration_stats.num_generation_tokens)
+    for finished in iteration_stats.finished_requests:
+        recorder.observe(m.ENGINE_PHASE, {**tags, "phase": "queued"}, finished.queued_time)
+        recorder.observe(m.ENGINE_PHASE, {**tags, "phase": "prefill"}, finished.prefill_time)
 
 
 class EngineReplica:

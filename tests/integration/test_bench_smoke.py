@@ -37,10 +37,15 @@ def test_bench_run_measures_every_request(pdserve, tmp_path):
         # where the time to the first event went: every request in every stage it had
         stages = result["stages"]
         assert set(stages) >= set(STAGES) - {"prefill"}, stages
-        for stage, row in stages.items():
+        for stage in STAGES:
+            row = stages.get(stage, {"requests": 1})
             assert row["requests"] == (4 if stage != "prefill" else row["requests"]) > 0
+        # and, within the pool stages, the engines' own time: every request was decoded
+        assert stages["decode engine queued"]["requests"] == 4
+        assert stages["decode engine prefill"]["requests"] == 4
         # the stages span the router's part of the TTFT, less than what the client saw
-        router_s = sum(row["mean_s"] * row["requests"] for row in stages.values()) / 4
+        router_s = sum(stages[stage]["mean_s"] * stages[stage]["requests"]
+                       for stage in STAGES if stage in stages) / 4
         client_s = sum(r["first_token_at"] - r["sent_at"] for r in result["records"]) / 4
         assert 0 < router_s < client_s
     assert "first_event" in completed.stdout  # the breakdown table

@@ -114,6 +114,8 @@ def test_variants_parse_and_override_dotted_keys():
     assert changed["prefill"] == {"max_num_batched_tokens": 512}
     assert base == {"router": {"port": 1}, "prefill": None}  # the base is not modified
     assert parse_variant("base") == type(variant)("base", {})
+    assert parse_variant("tcp:kv_transfer.ucx_tls=tcp,self,router.port=9").overrides == {
+        "kv_transfer.ucx_tls": "tcp,self", "router.port": 9}
     with pytest.raises(ValueError):
         parse_variant("bad:router.port")
     with pytest.raises(ValueError):

@@ -68,3 +68,28 @@ def test_the_table_is_in_milliseconds():
     stages = {"render": {"requests": 3, "mean_s": 0.0021, "p50_s": 0.002, "p95_s": 0.004}}
     row = breakdown.table(stages).splitlines()[1].split()
     assert row == ["render", "3", "2.1", "2.0", "4.0"]
+
+
+def engine_scrape(pool: str, phase: str, values: list[float]) -> str:
+    """Prometheus text of the engines' phase histogram, as a replica exports it."""
+    name = m.ENGINE_PHASE.exported_name
+    labels = f'version="v1",pool="{pool}",replica="r",phase="{phase}",WorkerId="e"'
+    lines = [f"# TYPE {name} histogram"]
+    for bound in (*m.STAGE_BUCKETS, float("inf")):
+        le = "+Inf" if bound == float("inf") else repr(bound)
+        lines.append(f'{name}_bucket{{{labels},le="{le}"}} {sum(v <= bound for v in values)}')
+    lines.append(f"{name}_sum{{{labels}}} {sum(values)}")
+    lines.append(f"{name}_count{{{labels}}} {len(values)}")
+    return "\n".join(lines) + "\n"
+
+
+def test_the_engines_part_of_the_pool_stages_follows_the_stages():
+    text = (scrape({"prefill": [0.05] * 3, "first_token": [0.04] * 3})
+            + engine_scrape("prefill", "prefill", [0.01] * 3)
+            + engine_scrape("decode", "queued", [0.001] * 3))
+    stages = breakdown.breakdown({}, samples(text))
+    assert list(stages) == ["prefill", "first_token", "prefill engine prefill",
+                            "decode engine queued"]
+    assert stages["prefill engine prefill"]["mean_s"] == pytest.approx(0.01)
+    assert breakdown.answered({}, samples(text)) == 3  # engines' requests are not answers
+    assert "of which in the engines" in breakdown.table(stages)

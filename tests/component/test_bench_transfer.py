@@ -1,0 +1,24 @@
+"""`pdserve bench transfer` (cluster/bench/transfer.py) on real NIXL agents in two
+processes: every transport it measures delivers the owner's bytes (checked inside) and a
+rate."""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster.bench.transfer import measure_transfers
+
+
+@pytest.mark.timeout(300)
+def test_each_transport_reads_the_owners_blocks_from_another_process():
+    rows = measure_transfers([1], repeats=2, transports=["tcp", "cma"])
+    assert [(row["transport"], row["mib"]) for row in rows] == [("tcp", 1), ("cma", 1)]
+    for row in rows:
+        assert row["blocks"] == 64  # 1 MiB of 16 KiB blocks, one descriptor each
+        assert row["nixl_gbps"] > 0 and row["memcpy_gbps"] > 0
+        assert row["ratio"] == pytest.approx(row["nixl_gbps"] / row["memcpy_gbps"])
+
+
+def test_an_unknown_transport_is_refused_before_any_process_starts():
+    with pytest.raises(KeyError):
+        measure_transfers([1], repeats=1, transports=["carrier-pigeon"])

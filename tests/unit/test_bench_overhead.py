@@ -1,0 +1,62 @@
+"""`pdserve bench overhead`'s pure parts (cluster/bench/overhead.py): the per-path config,
+the latency table against the baseline, and a TTFT split by owner."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from cluster.bench import overhead
+
+RUN = {
+    "ttft_p50_s": 0.02,
+    "ttft_p95_s": 0.03,
+    "per_token_p50_s": 0.007,
+    "e2e_p50_s": 0.2,
+    "cpu_ms_per_token": {"other": 9.0},
+}
+
+
+def test_each_path_is_a_threshold_that_sends_every_short_prompt_down_it():
+    config = SimpleNamespace(engine=SimpleNamespace(max_model_len=9216))
+    document = {"router": {"port": 8300}}
+    local = overhead.config_for_path(document, "decode_local", config)
+    disaggregated = overhead.config_for_path(document, "disaggregated", config)
+    assert local["router"] == {"port": 8300, "disaggregation_threshold_tokens": 9216}
+    assert disaggregated["router"]["disaggregation_threshold_tokens"] == 0
+    assert document == {"router": {"port": 8300}}  # the base is left as it was
+
+
+def test_the_table_shows_what_pdserve_adds_to_the_baseline():
+    runs = {
+        "vllm": RUN,
+        "pdserve decode_local": {**RUN, "ttft_p50_s": 0.0245, "per_token_p50_s": None},
+    }
+    table = overhead.latency_table(runs, baseline="vllm")
+    ttft = next(line for line in table.splitlines() if "TTFT p50" in line)
+    assert "20.0" in ttft and "24.5 (+4.5)" in ttft
+    per_token = next(line for line in table.splitlines() if "per token" in line)
+    assert per_token.rstrip().endswith("-")
+
+
+def test_a_disaggregated_ttft_splits_into_the_engines_time_and_the_rest():
+    stages = {
+        name: {"mean_s": mean, "requests": 4}
+        for name, mean in {
+            "render": 0.005,
+            "admission": 0.0003,
+            "prefill": 0.026,
+            "first_token": 0.025,
+            "first_event": 0.0003,
+            "prefill engine queued": 0.001,
+            "prefill engine prefill": 0.008,
+            "decode engine queued": 0.002,
+            "decode engine prefill": 0.009,
+        }.items()
+    }
+    share = overhead.engine_share(stages)
+    assert share["router_s"] == pytest.approx(0.0566)
+    assert share["engines_s"] == pytest.approx(0.020)
+    assert share["serving_s"] == pytest.approx(0.0366)
+    assert overhead.engine_share({"render": stages["render"]}) is None  # decode-local
