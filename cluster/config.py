@@ -259,7 +259,11 @@ class KVTransferConfig(StrictModel):
         "it off (see kv_transfer/vllm_plugin.py)",
     )
     ucx_tls: str | None = Field(
-        "tcp,self", description="UCX_TLS for engines; tcp is needed on machines without RDMA"
+        "tcp,cma,self", description="UCX_TLS for engines. UCX picks per peer among these: "
+        "cma (the kernel copies from the other engine's memory: same host, no progress "
+        "needed on the owner's side) when both engines share a host, tcp between hosts "
+        "(and for connection set-up). null lets UCX choose from all it has (RDMA on GPU "
+        "clusters); see `pdserve bench transfer`"
     )
 
 
