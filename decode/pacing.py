@@ -2,8 +2,8 @@
 
 Every output a decode replica yields is one Ray round trip to the router and, through
 vLLM's OpenAI layer there, one SSE event through Serve's proxy: on this project's CPU
-machines those hops cost more CPU per token than the engine step, and they take it from
-the engines (docs/benchmarks.md, "Streaming in chunks"). So a stream sends at most one
+machines those hops cost a large share of a decode step's CPU per token, and they take it
+from the engines (docs/benchmarks.md, "The hot path"). So a stream sends at most one
 chunk per interval: after a chunk leaves, the replica waits out the rest of the interval
 before it takes the next output, and vLLM merges the tokens made meanwhile into one delta
 (its per-request output collector does that for a consumer that falls behind).

@@ -327,6 +327,15 @@ def _compare_setup(name: str, config_path: Path, config: PDServeConfig, log_dir:
                      f"serve-llm, serve-llm-per-token)")
 
 
+def _write_config(document: dict, path: Path) -> Path:
+    """A config document as the YAML file a benchmark's pdserve is started with."""
+    import yaml
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
 def _all_cores_bind(config: PDServeConfig) -> str | None:
     """The colocated engine gets every core the two pools use together."""
     cores = []
@@ -395,8 +404,7 @@ def _variants(args) -> int:
     for variant in variants:
         document = apply_overrides(base, variant.overrides)
         config = parse_config(document, source=f"variant {variant.name}")
-        path = args.out / f"variant-{variant.name}.yaml"
-        path.write_text(yaml.safe_dump(document, sort_keys=False))
+        path = _write_config(document, args.out / f"variant-{variant.name}.yaml")
         ensure_model(config.model.path, config.model.generate)
         count_tokens = _token_counter(args.tokenizer or str(config.model.path))
         spec = _spec(args, max_model_len=config.engine.max_model_len)
@@ -463,8 +471,11 @@ def _overhead(args) -> int:
         cpu_bind=decode_bind)}
     document = yaml.safe_load(args.config.read_text())
     for path in args.paths.split(","):
-        path_document = overhead.config_for_path(document, path, config)
-        path_file = overhead.write_config(path_document, args.out, path)
+        try:
+            path_document = overhead.config_for_path(document, path, config)
+        except ValueError as error:
+            raise SystemExit(f"bench overhead --paths: {error}") from None
+        path_file = _write_config(path_document, args.out / f"overhead-{path}.yaml")
         path_config = parse_config(path_document, source=str(path_file))
         setups[f"pdserve {path}"] = (
             lambda f=path_file, c=path_config: processes.start_pdserve(f, c, log_dir, REPO))
@@ -498,11 +509,16 @@ def _overhead(args) -> int:
 # ---- transfer --------------------------------------------------------------------------
 
 def _transfer(args) -> int:
-    from cluster.bench.transfer import measure_transfers
+    from cluster.bench.transfer import TRANSPORTS, measure_transfers
 
     sizes = [int(s) for s in args.sizes_mib.split(",")]
     started = time.time()
-    rows = measure_transfers(sizes, args.repeats, args.transports.split(","))
+    transports = args.transports.split(",")
+    unknown = sorted(set(transports) - set(TRANSPORTS))
+    if unknown:
+        raise SystemExit(f"bench transfer --transports: unknown {unknown} "
+                         f"(of {', '.join(TRANSPORTS)})")
+    rows = measure_transfers(sizes, args.repeats, transports)
     print(f"  {'transport':<10}{'MiB':>6}{'NIXL GB/s':>11}{'memcpy GB/s':>13}{'ratio':>8}")
     for row in rows:
         print(f"  {row['transport']:<10}{row['mib']:>6}{row['nixl_gbps']:>11.2f}"

@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from cluster.bench import cpu
+from cluster.bench.breakdown import ENGINE_PARTS
 from cluster.bench.runner import run_workload
 from cluster.bench.workload import PlannedRequest
 from cluster.percentile import percentile
+from router.timing import STAGES
 
 # pdserve's two paths, as the threshold that sends every short prompt down each.
 PATH_OVERRIDES = {
@@ -120,11 +121,8 @@ def engine_share(stages: dict[str, dict[str, float]] | None) -> dict[str, float]
     if not stages or "prefill" not in stages:
         return None
     mean = {stage: row["mean_s"] for stage, row in stages.items()}
-    engines = sum(mean.get(part, 0.0) for part in (
-        "prefill engine queued", "prefill engine prefill",
-        "decode engine queued", "decode engine prefill"))
-    router = sum(mean.get(stage, 0.0) for stage in (
-        "render", "admission", "prefill", "first_token", "first_event"))
+    engines = sum(mean.get(part, 0.0) for part in ENGINE_PARTS)
+    router = sum(mean.get(stage, 0.0) for stage in STAGES)
     return {"router_s": router, "engines_s": engines, "serving_s": router - engines}
 
 
@@ -132,14 +130,7 @@ def config_for_path(document: dict, path: str, config) -> dict:
     """The config document that sends every short prompt down ``path``."""
     from cluster.bench.variants import apply_overrides
 
+    if path not in PATH_OVERRIDES:
+        raise ValueError(f"unknown path {path!r} (one of {', '.join(PATH_OVERRIDES)})")
     return apply_overrides(document, {
         "router.disaggregation_threshold_tokens": PATH_OVERRIDES[path](config)})
-
-
-def write_config(document: dict, out: Path, name: str) -> Path:
-    import yaml
-
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"overhead-{name}.yaml"
-    path.write_text(yaml.safe_dump(document, sort_keys=False))
-    return path

@@ -52,17 +52,11 @@ def _owner_process(transport: str, sizes_mib: list[int]):
                                                       sizes_mib), daemon=True)
     process.start()
     try:
-        if not parent.poll(120):
-            raise RuntimeError(f"the NIXL owner process ({transport}) did not start")
-        reply = parent.recv()
-        if isinstance(reply, str):
-            raise RuntimeError(f"NIXL with UCX_TLS={TRANSPORTS[transport]}: {reply}")
+        reply = _reply(parent, transport, "owner", timeout_s=120)
         yield reply["metadata"], reply["buffers"], ctx
     finally:
         parent.send("stop")
-        process.join(30)
-        if process.is_alive():
-            process.kill()
+        _reap(process)
 
 
 def _read_in_child(ctx, transport: str, owner_meta: bytes, buffers: dict[int, list],
@@ -72,16 +66,26 @@ def _read_in_child(ctx, transport: str, owner_meta: bytes, buffers: dict[int, li
         child, TRANSPORTS[transport], owner_meta, buffers, sizes_mib, repeats))
     process.start()
     try:
-        if not parent.poll(600):
-            raise RuntimeError(f"the NIXL reader process ({transport}) did not answer")
-        rows = parent.recv()
+        rows = _reply(parent, transport, "reader", timeout_s=600)
     finally:
-        process.join(30)
-        if process.is_alive():
-            process.kill()
-    if isinstance(rows, str):
-        raise RuntimeError(f"NIXL with UCX_TLS={TRANSPORTS[transport]}: {rows}")
+        _reap(process)
     return [{"transport": transport, **row} for row in rows]
+
+
+def _reply(conn, transport: str, side: str, timeout_s: float):
+    """What a child process sent; its error (a string) raised here, in the benchmark."""
+    if not conn.poll(timeout_s):
+        raise RuntimeError(f"the NIXL {side} process ({transport}) did not answer")
+    reply = conn.recv()
+    if isinstance(reply, str):
+        raise RuntimeError(f"NIXL with UCX_TLS={TRANSPORTS[transport]}: {reply}")
+    return reply
+
+
+def _reap(process) -> None:
+    process.join(30)
+    if process.is_alive():
+        process.kill()
 
 
 def _agent(name: str, ucx_tls: str):

@@ -99,7 +99,8 @@ def engine_settings_env(config: PDServeConfig, role: Role,
 
 
 # engine.scheduler_nice "auto" on a pool without GPUs: ahead of the serving processes
-# (nice 0) that share its cores, still behind what the system runs at -20.
+# that share its cores (Ray starts every worker at nice 15), still behind what the system
+# runs at -20.
 CPU_SCHEDULER_NICE = -10
 
 

@@ -26,6 +26,8 @@ def test_each_path_is_a_threshold_that_sends_every_short_prompt_down_it():
     assert local["router"] == {"port": 8300, "disaggregation_threshold_tokens": 9216}
     assert disaggregated["router"]["disaggregation_threshold_tokens"] == 0
     assert document == {"router": {"port": 8300}}  # the base is left as it was
+    with pytest.raises(ValueError, match="decode_local, disaggregated"):
+        overhead.config_for_path(document, "colocated", config)
 
 
 def test_the_table_shows_what_pdserve_adds_to_the_baseline():
