@@ -198,12 +198,12 @@ def _start_ray(config: PDServeConfig) -> None:
     if config.ray.address is not None:
         ray.init(address=config.ray.address)
         return
-    # Serve's proxy answers some requests itself; this makes those OpenAI errors. A local
-    # cluster's processes inherit it from here (ray_configs' cluster files set it on
-    # `ray start`).
-    from router.proxy_edge import proxy_env
+    # What Serve's processes read at their start (the proxy's middleware that makes its
+    # own answers OpenAI errors, the gRPC data plane): a local cluster's processes inherit
+    # it from here (ray_configs' cluster files export it before `ray start`).
+    from cluster.serve_env import node_env
 
-    os.environ.update(proxy_env())
+    os.environ.update(node_env(config.router.transport))
     ray.init(
         num_cpus=config.ray.num_cpus,
         include_dashboard=False,

@@ -478,6 +478,14 @@ class RouterConfig(StrictModel):
         "interval, those made meanwhile merged into one chunk (the first and the last "
         "at once; 0: every token as it is made); see docs/design.md, streaming in chunks",
     )
+    transport: Literal["grpc", "ray"] = Field(
+        "grpc", description="how requests and streamed chunks cross Serve's hops: 'grpc', "
+        "Serve's gRPC data plane (proxy -> router -> engine replicas, each process's "
+        "replica code and handle routing on its main event loop); 'ray', Ray actor calls "
+        "and object refs. A local cluster gets the node environment from `pdserve up`, "
+        "`ray up`'s files export it (cluster/serve_env.py); see docs/design.md, 'Serve's "
+        "data plane'",
+    )
     admission: AdmissionConfig = AdmissionConfig()
     auth: AuthConfig = AuthConfig()
     routing: RoutingConfig = RoutingConfig()

@@ -55,6 +55,7 @@ from router.protocol import refuse_not_honoured
 from router.retry import RetryPolicy
 from router.sse import line_safe
 from router.timing_metrics import RequestObserver, count_refusal, retry_counter
+from router.transport import engine_handle
 from router.versions import choose_version, sticky_key_for
 from router.vllm_frontend import (
     Frontend,
@@ -163,7 +164,8 @@ class Router:
         caller = _this_actor()
         for name in config.versions:
             flow = DisaggregatedFlow(
-                pools[name]["prefill"], pools[name]["decode"],
+                engine_handle(pools[name]["prefill"], config.router.transport),
+                engine_handle(pools[name]["decode"], config.router.transport),
                 retry=RetryPolicy.from_config(config.router.retries,
                                               config.router.deadlines.request_s),
                 deadlines=config.router.deadlines,

@@ -38,7 +38,7 @@ from ray.core.generated.gcs_pb2 import PlacementGroupTableData
 
 from cluster.config import PDServeConfig, PoolConfig, load_config, parse_config
 from cluster.engine.args import pool_deployment_options
-from router.proxy_edge import PROXY_CALLBACK, PROXY_CALLBACK_ENV
+from cluster.serve_env import node_env
 
 REPO = Path(__file__).resolve().parents[2]
 RAY_CONFIGS = REPO / "ray_configs"
@@ -180,7 +180,9 @@ def test_cloud_file_has_a_cpu_head_and_a_gpu_node_type_per_pool(path: Path) -> N
 
 
 @pytest.mark.parametrize("path", CLOUD_FILES, ids=_ids(CLOUD_FILES))
-def test_cloud_file_installs_pdserve_and_exports_metrics(path: Path) -> None:
+def test_cloud_file_installs_pdserve_and_exports_metrics(
+    path: Path, prod: PDServeConfig
+) -> None:
     raw = _read(path)
     assert raw["file_mounts"] == {"~/pdserve": "."}
     assert any("pdserve[gpu]" in command for command in raw["setup_commands"])
@@ -189,9 +191,11 @@ def test_cloud_file_installs_pdserve_and_exports_metrics(path: Path) -> None:
     assert "--num-gpus=0" in head_start
     for start in (head_start, worker_start):
         assert "--metrics-export-port=" in start
-        # Serve's proxies on every node load the middleware that makes their answers
-        # OpenAI errors (router/proxy_edge.py)
-        assert f"export {PROXY_CALLBACK_ENV}={PROXY_CALLBACK};" in start
+        # Serve's processes on every node start with what prod-70b.yaml's Serve settings
+        # need: the proxy's middleware that makes its answers OpenAI errors
+        # (router/proxy_edge.py) and the gRPC data plane of its router.transport
+        for name, value in node_env(prod.router.transport).items():
+            assert f"export {name}={value};" in start, name
 
 
 @pytest.mark.parametrize("role", ROLES)

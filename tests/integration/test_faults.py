@@ -48,6 +48,10 @@ CONFIG = load_config(CONFIG_PATH)
 MODEL = CONFIG.model.name
 METRICS_URL = f"http://127.0.0.1:{CONFIG.ray.metrics_export_port}/metrics"
 RECOVERY_S = 300  # a replaced replica starts its engine from scratch on a busy machine
+# How a call's replica killed under it reaches the router: over Ray actor calls Ray says
+# the actor died; over Serve's gRPC data plane the call's connection is gone, "unavailable"
+# (router/failures.py).
+LOST = "died" if CONFIG.router.transport == "ray" else "unavailable"
 
 
 @pytest.fixture(scope="module")
@@ -355,12 +359,12 @@ def _pool_killed_while_it_waits(base_url: str, pool_name: str, prompt: str,
 
 
 def test_a_decode_replica_killed_midstream_loses_no_token(cluster):
-    before = retried("decode", "migrate", "died")
+    before = retried("decode", "migrate", LOST)
     expected, received, (other, victim) = _fault_midstream(
         cluster, lambda actor, cores: os.kill(actor.pid, signal.SIGKILL))
     assert len(expected) == 1500 and received == expected  # none lost, none repeated
     assert other == ["[DONE]"]
-    counted("decode", "migrate", "died", before + 1)
+    counted("decode", "migrate", LOST, before + 1)
     nothing_leaked(cluster, [core.pid for core in victim["cores"]])
     wait_until_whole(cluster)
 
@@ -393,14 +397,14 @@ def test_decode_replicas_killed_before_the_first_token_answer_in_full(cluster):
     the request runs again, decode-local, on a replacement replica, answering every token."""
     prompt = unique_prompt(100)  # ~500 tokens: through the prefill pool and NIXL
     expected = complete(cluster, prompt, max_tokens=16).json()["choices"][0]["token_ids"]
-    before = retried("decode", "decode_local", "died")
+    before = retried("decode", "decode_local", LOST)
     # Prefilled, the request is handed to a decode replica, whose stopped engine cannot
     # start it: it waits there for its first token, its prompt's KV held for it.
     response, killed = _pool_killed_while_it_waits(
         cluster, "decode", prompt, lambda: kv_held("prefill") > 0)
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["token_ids"] == expected
-    counted("decode", "decode_local", "died", before + 1)
+    counted("decode", "decode_local", LOST, before + 1)
     nothing_leaked(cluster, killed)
     wait_until_whole(cluster)
 

@@ -23,7 +23,7 @@ import pytest
 
 from cluster import processes
 from cluster.config import load_config
-from router.proxy_edge import proxy_env
+from cluster.serve_env import node_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.multinode]
 
@@ -41,7 +41,7 @@ FAKE_CLUSTER_ENV = {
     "RAY_FAKE_CLUSTER": "1",                                   # the fake provider's switch
     "AUTOSCALER_UPDATE_INTERVAL_S": "1",                       # Ray autoscaler's loop
     "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1",  # replicas' load reports
-    **proxy_env(),                                             # as the cluster files set it
+    **node_env(CONFIG.router.transport),                       # as the cluster files set it
 }
 STATE_SCRIPT = """
 import json, ray

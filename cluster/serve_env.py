@@ -1,0 +1,37 @@
+"""The environment a Ray node's processes start with for pdserve's Serve settings (pure).
+
+Serve reads these variables once, when a process imports it, so they must be in the
+environment of every process of the node from its start: `pdserve up` sets them before it
+starts a local cluster, and `ray up`'s cluster files export them before `ray start`
+(tests/component/test_cluster_files.py keeps the files in step with ``node_env``).
+"""
+
+from __future__ import annotations
+
+from router.proxy_edge import proxy_env
+
+# Serve's gRPC data plane (router.transport "grpc"; the variables of Ray 2.60's
+# RAY_SERVE_THROUGHPUT_OPTIMIZED that pdserve wants, without its direct ingress):
+GRPC_DATA_PLANE_ENV = {
+    # Serve's proxy calls the router replicas over gRPC, not as Ray actor calls: a
+    # streamed chunk is one message on an open stream instead of a Ray object reported
+    # to and fetched by the proxy. (The router's own calls to the engine replicas choose
+    # their transport per handle: router/transport.py.)
+    "RAY_SERVE_PROXY_USE_GRPC": "1",
+    # Replica code runs on the replica's main event loop and a handle's routing on its
+    # caller's loop: no hand-off between two threads' loops for every request and chunk.
+    "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+    "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+    # Serve's per-request access log lines are written a thousand at a time (errors at once).
+    "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1000",
+}
+
+
+def node_env(transport: str) -> dict[str, str]:
+    """The variables a node's processes need: the proxy's middleware always, and those
+    of Serve's gRPC data plane when ``transport`` (``router.transport``) is "grpc"."""
+    env = proxy_env()
+    if transport == "grpc":
+        env.update(GRPC_DATA_PLANE_ENV)
+    return env
+

@@ -1,0 +1,53 @@
+"""The node environment `pdserve up` and the cluster files give Serve's processes, and the
+options the router's engine handles call with (cluster/serve_env.py, router/transport.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster.config import parse_config
+from cluster.serve_env import GRPC_DATA_PLANE_ENV, node_env
+from router.proxy_edge import proxy_env
+from router.transport import GRPC_OPTIONS, engine_handle
+
+
+def test_the_grpc_data_plane_is_the_default():
+    config = parse_config({"model": {"name": "m", "path": "/m"}})
+    assert config.router.transport == "grpc"
+
+
+def test_grpc_sets_serves_data_plane_variables_beside_the_proxy_middleware():
+    env = node_env("grpc")
+    assert env == {**proxy_env(), **GRPC_DATA_PLANE_ENV}
+    assert env["RAY_SERVE_PROXY_USE_GRPC"] == "1"
+    assert env["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "0"
+    assert env["RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP"] == "0"
+
+
+def test_ray_transport_leaves_serves_defaults_alone():
+    assert node_env("ray") == proxy_env()
+
+
+def test_an_unknown_transport_is_refused_by_the_config():
+    with pytest.raises(ValueError, match="transport"):
+        parse_config({"model": {"name": "m", "path": "/m"}, "router": {"transport": "tcp"}})
+
+
+class RecordingHandle:
+    def __init__(self, **options):
+        self.options_given = options
+
+    def options(self, **options):
+        return RecordingHandle(**{**self.options_given, **options})
+
+
+def test_engine_handles_call_over_grpc_with_plain_pickle():
+    handle = engine_handle(RecordingHandle(), "grpc")
+    assert handle.options_given == {"_by_reference": False, "request_serialization": "pickle",
+                                    "response_serialization": "pickle"}
+    assert handle.options_given == GRPC_OPTIONS
+
+
+def test_engine_handles_over_ray_are_left_as_they_are():
+    original = RecordingHandle()
+    assert engine_handle(original, "ray") is original
