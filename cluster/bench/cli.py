@@ -66,6 +66,9 @@ def add_parser(commands) -> None:
                           help="tokens per answer (256: the per-token cost of streaming)")
     overhead.add_argument("--paths", default="decode_local,disaggregated",
                           help="pdserve's paths to measure, each a run of its own")
+    overhead.add_argument("--variant", action="append", default=None,
+                          help="name:key.path=value,... (repeat): each path runs once per "
+                          "variant, e.g. --variant grpc --variant ray:router.transport=ray")
     overhead.add_argument("--out", type=Path, default=Path("bench-results"))
 
     variants = sub.add_parser("variants", help="one workload against config variants (A/B)")
@@ -455,9 +458,11 @@ def _overhead(args) -> int:
 
     from cluster import processes
     from cluster.bench import overhead
+    from cluster.bench.variants import Variant, apply_overrides, parse_variant
     from cluster.config import parse_config
     from cluster.tiny_model import ensure_model
 
+    variants = [parse_variant(text) for text in args.variant or []] or [Variant("", {})]
     config = load_config(args.config)
     ensure_model(config.model.path, config.model.generate)
     log_dir = args.out / "logs"
@@ -475,10 +480,14 @@ def _overhead(args) -> int:
             path_document = overhead.config_for_path(document, path, config)
         except ValueError as error:
             raise SystemExit(f"bench overhead --paths: {error}") from None
-        path_file = _write_config(path_document, args.out / f"overhead-{path}.yaml")
-        path_config = parse_config(path_document, source=str(path_file))
-        setups[f"pdserve {path}"] = (
-            lambda f=path_file, c=path_config: processes.start_pdserve(f, c, log_dir, REPO))
+        for variant in variants:
+            name = "-".join(filter(None, (path, variant.name)))
+            setup_document = apply_overrides(path_document, variant.overrides)
+            setup_file = _write_config(setup_document, args.out / f"overhead-{name}.yaml")
+            setup_config = parse_config(setup_document, source=str(setup_file))
+            setups[f"pdserve {name}"] = (
+                lambda f=setup_file, c=setup_config: processes.start_pdserve(
+                    f, c, log_dir, REPO))
     runs: dict[str, dict] = {}
     for setup, start in setups.items():
         with processes.running(start()) as server:
