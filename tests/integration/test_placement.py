@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import psutil
 import pytest
 
 from cluster.cores import parse_cores
@@ -33,20 +34,25 @@ def cluster_workers() -> list[tuple[int, dict[str, str]]]:
     pools = 2 * len(CONFIG.versions)  # each version's prefill and decode pool has a slice
     span = CONFIG.kv_transfer.side_channel_port_span * pools
     workers = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for process in psutil.process_iter():
         try:
-            if not (entry / "cmdline").read_bytes().startswith(b"VLLM::Worker"):
+            if not is_spawned_as(process, "VLLM::Worker") or \
+                    not is_spawned_as(process.parent(), "VLLM::EngineCore"):
                 continue
-            env = dict(item.split("=", 1) for item in
-                       (entry / "environ").read_bytes().decode(errors="ignore").split("\0")
-                       if "=" in item)
-        except OSError:
+            env = process.environ()
+        except (psutil.Error, AttributeError):  # gone meanwhile, or no parent
             continue
         if base <= int(env.get(PORT_ENV, "0")) < base + span:
-            workers.append((int(entry.name), env))
+            workers.append((process.pid, env))
     return workers
+
+
+def is_spawned_as(process: psutil.Process, title: str) -> bool:
+    """A process vLLM spawned as ``title``: titled so, or (vLLM does not always get to set
+    its title) still showing multiprocessing's spawn command line. A worker is spawned by
+    its engine core, itself spawned by the replica (titled ``ray::...``)."""
+    cmdline = " ".join(process.cmdline())
+    return cmdline.startswith(title) or "multiprocessing.spawn" in cmdline
 
 
 def test_every_engine_thread_stays_on_its_pools_cores(pdserve):
