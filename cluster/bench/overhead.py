@@ -83,7 +83,8 @@ LATENCY_ROWS = (("TTFT p50", "ttft_p50_s"), ("TTFT p95", "ttft_p95_s"),
 def latency_table(runs: dict[str, dict[str, Any]], baseline: str) -> str:
     """Each setup's medians (ms), pdserve's with what it adds to the baseline."""
     names = list(runs)
-    lines = [f"  {'ms':<16}" + "".join(f"{name:>26}" for name in names)]
+    width = _column_width(names)
+    lines = [f"  {'ms':<16}" + "".join(f"{name:>{width}}" for name in names)]
     for label, key in LATENCY_ROWS:
         cells = []
         for name in names:
@@ -94,7 +95,7 @@ def latency_table(runs: dict[str, dict[str, Any]], baseline: str) -> str:
                 cells.append(f"{value * 1000:.1f}")
             else:
                 cells.append(f"{value * 1000:.1f} ({(value - base) * 1000:+.1f})")
-        lines.append(f"  {label:<16}" + "".join(f"{cell:>26}" for cell in cells))
+        lines.append(f"  {label:<16}" + "".join(f"{cell:>{width}}" for cell in cells))
     return "\n".join(lines)
 
 
@@ -102,14 +103,20 @@ def cpu_table(runs: dict[str, dict[str, Any]]) -> str:
     """CPU milliseconds per streamed token by role, beyond each server's idle use (a vLLM
     server is one process tree: "other")."""
     names = list(runs)
-    lines = ["  CPU ms per token, busy" + "".join(f"{name:>26}" for name in names)]
+    width = _column_width(names)
+    lines = ["  CPU ms per token, busy" + "".join(f"{name:>{width}}" for name in names)]
     for role in (*cpu.ROLES, "total"):
         cells = [sum(runs[n]["cpu_ms_per_token"].values()) if role == "total"
                  else runs[n]["cpu_ms_per_token"].get(role) for n in names]
         if any(cells):
             lines.append(f"  {role:<23}" + "".join(
-                f"{c:>26.3f}" if c is not None else f"{'-':>26}" for c in cells))
+                f"{c:>{width}.3f}" if c is not None else f"{'-':>{width}}" for c in cells))
     return "\n".join(lines)
+
+
+def _column_width(names: list[str]) -> int:
+    """Wide enough for the longest setup name (variants make long ones) and a gap."""
+    return max(26, *(len(name) + 2 for name in names))
 
 
 def engine_share(stages: dict[str, dict[str, float]] | None) -> dict[str, float] | None:
