@@ -152,16 +152,18 @@ def frontend_flags(config: PDServeConfig) -> list[str]:
 
 def start_vllm_server(config: PDServeConfig, port: int, log_dir: Path, cwd: Path, *,
                       name: str = "vllm", role: Role = "decode",
-                      cpu_bind: str | None = None) -> ManagedServer:
+                      cpu_bind: str | None = None, extra_flags: tuple[str, ...] = (),
+                      extra_env: dict[str, str] | None = None) -> ManagedServer:
     """vLLM's own OpenAI server: one colocated engine with the ``role`` pool's engine
     settings (cluster.engine.args: ``baseline_flags``, ``baseline_env``), on the cores
     ``cpu_bind`` names (None: unbound).
 
     The decode pool is the default stand-in: like a colocated engine, a decode engine
-    also prefills (the prompts pdserve does not disaggregate).
+    also prefills (the prompts pdserve does not disaggregate). ``extra_flags`` and
+    ``extra_env`` add to the pool's (a KV connector's config, say).
     """
     args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            *baseline_flags(config, role), *frontend_flags(config),
+            *baseline_flags(config, role), *extra_flags, *frontend_flags(config),
             "--host", "127.0.0.1", "--port", str(port)]
-    env = baseline_env(config, role, cpu_bind)
+    env = {**(extra_env or {}), **baseline_env(config, role, cpu_bind)}
     return start(name, args, f"http://127.0.0.1:{port}", log_dir, cwd, env)

@@ -34,4 +34,3 @@ def node_env(transport: str) -> dict[str, str]:
     if transport == "grpc":
         env.update(GRPC_DATA_PLANE_ENV)
     return env
-

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from cluster import processes
@@ -21,8 +20,7 @@ from cluster.bench import overhead
 from cluster.bench.cli import COMPARE_REFERENCE_PORT, REPO, _token_counter, _warm_up
 from cluster.bench.workload import WorkloadSpec, plan
 from cluster.config import load_config
-from cluster.engine.args import CPU_BIND_ENV, baseline_env, baseline_flags, engine_env
-from cluster.processes import frontend_flags
+from cluster.engine.args import CPU_BIND_ENV, engine_env
 from kv_transfer.connector import connector_config
 
 
@@ -38,19 +36,16 @@ def main() -> int:
     requests = overhead.shorten(plan(spec, _token_counter(str(config.model.path))),
                                 args.max_tokens)
     decode = config.pool(config.model.version, "decode")
-    kv_flags = ["--kv-transfer-config", json.dumps(connector_config(
+    kv_flags = ("--kv-transfer-config", json.dumps(connector_config(
         "decode", "connector-cost", buffer_device=config.kv_transfer.buffer_device,
-        lease_s=config.kv_transfer.lease_s))]
+        lease_s=config.kv_transfer.lease_s)))
     kv_env = engine_env(config, "decode", "127.0.0.1", config.kv_transfer.side_channel_base_port)
     runs = {}
-    for name, flags, env in (("plain", [], {}), ("nixl", kv_flags, kv_env)):
-        server = processes.start(
-            f"vllm-{name}", [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-                             *baseline_flags(config, "decode"), *flags,
-                             *frontend_flags(config), "--host", "127.0.0.1",
-                             "--port", str(COMPARE_REFERENCE_PORT)],
-            f"http://127.0.0.1:{COMPARE_REFERENCE_PORT}", args.out / "logs", REPO,
-            {**env, **baseline_env(config, "decode", decode.env.get(CPU_BIND_ENV))})
+    for name, flags, env in (("plain", (), {}), ("nixl", kv_flags, kv_env)):
+        server = processes.start_vllm_server(
+            config, COMPARE_REFERENCE_PORT, args.out / "logs", REPO, name=f"vllm-{name}",
+            role="decode", cpu_bind=decode.env.get(CPU_BIND_ENV), extra_flags=flags,
+            extra_env=env)
         with processes.running(server) as running:
             _warm_up(running.base_url, config.model.name)
             runs[name] = overhead.measure(running.base_url, config.model.name, requests,
