@@ -39,6 +39,7 @@ from tests.integration.conftest import (
     _ready_or_fail,
     _wait_for_exit,
 )
+from tests.integration.engine_processes import is_spawned_as
 from tests.integration.prometheus import scrape, total
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
@@ -83,21 +84,12 @@ def replicas(pool: str) -> list[tuple[psutil.Process, list[psutil.Process]]]:
     for process in psutil.process_iter(["name"]):
         if is_replica(process, f"{pool}-v1"):
             try:
-                cores = [child for child in process.children() if is_engine_core(child)]
+                cores = [child for child in process.children()
+                         if is_spawned_as(child, "VLLM::EngineCore")]
             except psutil.NoSuchProcess:
                 continue
             found.append((process, cores))
     return found
-
-
-def is_engine_core(process: psutil.Process) -> bool:
-    """A process vLLM spawned for the engine core: titled VLLM::EngineCore, or (the title
-    is not always set) still showing multiprocessing's spawn command line."""
-    try:
-        return process.name() == "VLLM::EngineCore" or \
-            "multiprocessing.spawn" in " ".join(process.cmdline())
-    except psutil.NoSuchProcess:
-        return False
 
 
 def cpu_seconds(processes_: list[psutil.Process]) -> float:

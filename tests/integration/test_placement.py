@@ -18,6 +18,7 @@ import pytest
 
 from cluster.cores import parse_cores
 from tests.integration.conftest import CONFIG
+from tests.integration.engine_processes import is_spawned_as
 
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "sched_getaffinity") or not Path("/proc/self/task").is_dir(),
@@ -45,14 +46,6 @@ def cluster_workers() -> list[tuple[int, dict[str, str]]]:
         if base <= int(env.get(PORT_ENV, "0")) < base + span:
             workers.append((process.pid, env))
     return workers
-
-
-def is_spawned_as(process: psutil.Process, title: str) -> bool:
-    """A process vLLM spawned as ``title``: titled so, or (vLLM does not always get to set
-    its title) still showing multiprocessing's spawn command line. A worker is spawned by
-    its engine core, itself spawned by the replica (titled ``ray::...``)."""
-    cmdline = " ".join(process.cmdline())
-    return cmdline.startswith(title) or "multiprocessing.spawn" in cmdline
 
 
 def test_every_engine_thread_stays_on_its_pools_cores(pdserve):
