@@ -59,7 +59,7 @@ def test_the_canary_gate_promotes_a_healthy_canary_to_100(pdserve):
     that allows only v2) promotes 10 -> 50 -> 100, after which all traffic is v2's."""
     state = httpx.get(f"{pdserve}/admin/rollout", headers=ADMIN, timeout=30).json()
     assert state["canary"]["candidate"] == "v2" and state["canary"]["percent"] == 10
-    before = settled_scrape()
+    before = settled_scrape("ray_pdserve_canary_decisions_total", action="promote")
 
     async def traffic_until_complete(deadline_s: float = 150) -> dict:
         async with httpx.AsyncClient(base_url=pdserve, headers=AUTH, timeout=60) as client:
@@ -81,7 +81,7 @@ def test_the_canary_gate_promotes_a_healthy_canary_to_100(pdserve):
     assert all("healthy" in d["reason"] for d in final["decisions"])
     assert final["served_models"]["tiny-llama-rollout"] == {"v2": 1}
     assert {ask(pdserve, "tiny-llama-rollout")[0] for _ in range(5)} == {"v2"}
-    after = settled_scrape()
+    after = settled_scrape("ray_pdserve_canary_decisions_total", action="promote")
     promotions = (total(after, "ray_pdserve_canary_decisions_total", action="promote")
                   - total(before, "ray_pdserve_canary_decisions_total", action="promote"))
     assert promotions == 2
