@@ -53,7 +53,7 @@ _KV_LAYOUT_ARGS = frozenset({"block_size", "dtype", "max_model_len", "kv_cache_d
 _POOL_TYPED_ARGS = ("tensor_parallel_size", "max_num_batched_tokens")
 # EngineConfig fields that are not vLLM arguments (the rest are passed by name).
 _ENGINE_NON_ARGS = frozenset({"extra", "cpu_kvcache_space_gib", "step_wait",
-                              "scheduler_nice"})
+                              "scheduler_nice", "vllm_metrics"})
 
 
 def _refuse(hatch: dict[str, Any], owners: dict[str, str]) -> dict[str, Any]:
@@ -152,6 +152,12 @@ class EngineConfig(StrictModel):
         "for it, so it should not queue behind the serving processes it shares cores "
         "with. `auto`: -10 on pools without GPUs, else unchanged; None: unchanged. Raising "
         "a priority needs CAP_SYS_NICE; without it the engine logs a warning and runs on",
+    )
+    vllm_metrics: bool = Field(
+        False, description="also export vLLM's own engine metrics (`vllm:*`, as "
+        "`ray_vllm_*`) through Ray's metrics, as Ray Serve LLM does. Off: pdserve's own "
+        "`pdserve_engine_*` metrics cover the engines, and vLLM's logger costs each engine "
+        "replica CPU on every step (docs/benchmarks.md, \"vLLM's engine metrics\")",
     )
     extra: dict[str, Any] = Field(
         default_factory=dict,

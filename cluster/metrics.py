@@ -199,3 +199,31 @@ class Recorder:
 
     def observe(self, spec: MetricSpec, tags: dict[str, str], value: float) -> None:
         self._metric(spec).observe(value, tags=tags)
+
+
+class Counts:
+    """Counter increments gathered in memory, added to Ray's counters by ``flush``.
+
+    A Ray counter's ``inc`` costs far more Python than an engine step can spare for it (a
+    few percent of a decode replica's CPU under streaming load, with py-spy): engines add
+    their per-step counts here, and a thread of the replica flushes them a few times per
+    export period. Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self._pending: dict[tuple[MetricSpec, tuple[tuple[str, str], ...]], float] = {}
+
+    def add(self, spec: MetricSpec, tags: dict[str, str], value: float) -> None:
+        if value > 0:
+            key = (spec, tuple(sorted(tags.items())))
+            with self._lock:
+                self._pending[key] = self._pending.get(key, 0.0) + value
+
+    def flush(self, recorder: Recorder) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for (spec, tags), value in pending.items():
+            recorder.inc(spec, dict(tags), value)

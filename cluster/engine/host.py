@@ -29,8 +29,8 @@ from kv_transfer.connector import Role, connector_config, engine_id_for
 logger = logging.getLogger(__name__)
 
 
-# Ray exports a gauge only while it keeps being set; an idle engine is not stepping, so
-# its gauges are re-published at this period (under Ray's export interval).
+# An engine's gauges are published by a thread at this period, under Ray's export interval
+# (Ray exports a gauge only while it keeps being set), not on each of the engine's steps.
 GAUGE_REFRESH_S = 2.0
 
 
@@ -38,20 +38,25 @@ class EngineHost:
     """One running vLLM engine plus its statistics."""
 
     def __init__(self, engine: Any, stats: EngineStats,
-                 recorder: m.Recorder | None = None, tags: dict[str, str] | None = None):
+                 recorder: m.Recorder | None = None, tags: dict[str, str] | None = None,
+                 counts: m.Counts | None = None):
         self._engine = engine
         self.stats = stats
         self.load = LoadReporter(stats.role)
         self._stop = threading.Event()
         self._callers = CallerWatch(lambda request_id: self._engine.abort(request_id))
         self._recorder, self._tags = recorder, tags
+        self.counts = counts or m.Counts()
         if recorder is not None and tags is not None:
-            threading.Thread(target=self._refresh_gauges, args=(recorder, tags),
+            threading.Thread(target=self._publish, args=(recorder, tags),
                              name="pdserve-gauges", daemon=True).start()
 
-    def _refresh_gauges(self, recorder: m.Recorder, tags: dict[str, str]) -> None:
+    def _publish(self, recorder: m.Recorder, tags: dict[str, str]) -> None:
+        """The engine's gauges and the counts its steps gathered, every GAUGE_REFRESH_S."""
         while not self._stop.wait(GAUGE_REFRESH_S):
+            self.counts.flush(recorder)
             _publish_gauges(recorder, tags, self.stats)
+        self.counts.flush(recorder)
 
     @classmethod
     def start(
@@ -85,13 +90,14 @@ class EngineHost:
         args = AsyncEngineArgs(**engine_kwargs(config, role, kv_config, version))
         stats = EngineStats(role=role, engine_id=engine_id)
         tags = {"version": version, "pool": role, "replica": engine_id}
-        recorder = m.Recorder()
+        recorder, counts = m.Recorder(), m.Counts()
         engine = AsyncLLM.from_engine_args(
-            args, stat_loggers=[_stats_logger_factory(stats, recorder, tags)]
+            args, stat_loggers=[_stats_logger_factory(stats, recorder, counts, tags),
+                                _vllm_metrics_logger(config.engine.vllm_metrics)]
         )
         logger.info("%s engine %s ready, NIXL side channel %s:%d",
                     role, engine_id, side_channel_host, side_channel_port)
-        return cls(engine, stats, recorder, tags)
+        return cls(engine, stats, recorder, tags, counts)
 
     async def generate(
         self, request: EngineRequest, *, kv_transfer_params: Mapping[str, Any] | None,
@@ -226,7 +232,8 @@ def _kv_args(kv_transfer_params: Mapping[str, Any] | None) -> dict[str, Any] | N
     return {"kv_transfer_params": dict(kv_transfer_params)} if kv_transfer_params else None
 
 
-def _stats_logger_factory(stats: EngineStats, recorder: m.Recorder, tags: dict[str, str]):
+def _stats_logger_factory(stats: EngineStats, recorder: m.Recorder, counts: m.Counts,
+                          tags: dict[str, str]):
     """A vLLM stat-logger factory whose loggers feed ``stats`` and the Prometheus metrics."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
@@ -238,12 +245,53 @@ def _stats_logger_factory(stats: EngineStats, recorder: m.Recorder, tags: dict[s
             if scheduler_stats is not None:
                 _observe_scheduler(stats, recorder, tags, scheduler_stats)
             if iteration_stats is not None:
-                _observe_iteration(stats, recorder, tags, iteration_stats)
+                _observe_iteration(stats, recorder, counts, tags, iteration_stats)
 
         def log_engine_initialized(self) -> None:
             pass
 
     return _Logger
+
+
+def _vllm_metrics_logger(export: bool):
+    """vLLM's Prometheus stat logger: through Ray's metrics (vLLM's own wrapper, which Ray
+    Serve LLM uses) when ``export`` (``engine.vllm_metrics``), else one that records nothing.
+
+    vLLM adds its plain Prometheus logger to every engine given none: inside a Ray replica
+    its registry is scraped by nobody, yet it records on every step (about a tenth of a
+    decode replica's CPU under streaming load, measured with py-spy). Giving vLLM a logger
+    of that class is how it is told not to.
+    """
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
+
+    if export:
+        from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
+
+        return RayPrometheusStatLogger
+
+    class _Unexported(PrometheusStatLogger):
+        def __init__(self, vllm_config: Any, engine_indexes: list[int] | None = None):
+            pass
+
+        def record(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def record_admission_rejection(self, reason: str) -> None:
+            pass
+
+        def record_sleep_state(self, sleep: int = 0, level: int = 0) -> None:
+            pass
+
+        def log_metrics_info(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+        def log(self) -> None:
+            pass
+
+    return _Unexported
 
 
 def _observe_scheduler(stats: EngineStats, recorder: m.Recorder, tags, scheduler_stats) -> None:
@@ -252,7 +300,6 @@ def _observe_scheduler(stats: EngineStats, recorder: m.Recorder, tags, scheduler
         scheduler_stats.num_running_reqs,
         scheduler_stats.num_waiting_reqs,
     )
-    _publish_gauges(recorder, tags, stats)
     data = scheduler_stats.kv_connector_stats
     if not data:
         return
@@ -280,7 +327,8 @@ def _publish_gauges(recorder: m.Recorder, tags: dict[str, str], stats: EngineSta
     recorder.set(m.WAITING, tags, stats.num_waiting)
 
 
-def _observe_iteration(stats: EngineStats, recorder: m.Recorder, tags, iteration_stats) -> None:
+def _observe_iteration(stats: EngineStats, recorder: m.Recorder, counts: m.Counts, tags,
+                       iteration_stats) -> None:
     tokens = iteration_stats.prompt_token_stats
     stats.observe_iteration(
         computed=tokens.computed,
@@ -291,8 +339,8 @@ def _observe_iteration(stats: EngineStats, recorder: m.Recorder, tags, iteration
     )
     for source, count in (("computed", tokens.computed), ("cached", tokens.local_cache_hit),
                           ("transferred", tokens.external_kv_transfer)):
-        recorder.inc(m.ENGINE_PROMPT_TOKENS, {**tags, "source": source}, count)
-    recorder.inc(m.ENGINE_GENERATION_TOKENS, tags, iteration_stats.num_generation_tokens)
+        counts.add(m.ENGINE_PROMPT_TOKENS, {**tags, "source": source}, count)
+    counts.add(m.ENGINE_GENERATION_TOKENS, tags, iteration_stats.num_generation_tokens)
     for finished in iteration_stats.finished_requests:
         recorder.observe(m.ENGINE_PHASE, {**tags, "phase": "queued"}, finished.queued_time)
         recorder.observe(m.ENGINE_PHASE, {**tags, "phase": "prefill"}, finished.prefill_time)

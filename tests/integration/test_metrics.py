@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import httpx
@@ -97,3 +98,7 @@ def test_counters_balance_with_what_was_sent(pdserve):
         for pool in ("prefill", "decode"):
             assert total(after, "ray_pdserve_pool_replicas", pool=pool, version=version) == 1
     assert total(after, "ray_pdserve_kv_cache_usage_ratio", pool="prefill", version="v1") == 0
+    # engine.vllm_metrics (on in this cluster): vLLM's own engine metrics, through Ray's
+    exported = httpx.get(METRICS_URL, timeout=30).text
+    assert re.search(r"^ray_vllm_generation_tokens\w*\{", exported, re.MULTILINE), \
+        "vLLM's generation token counter is not exported"
