@@ -157,7 +157,7 @@ class EngineConfig(StrictModel):
         False, description="also export vLLM's own engine metrics (`vllm:*`, as "
         "`ray_vllm_*`) through Ray's metrics, as Ray Serve LLM does. Off: pdserve's own "
         "`pdserve_engine_*` metrics cover the engines, and vLLM's logger costs each engine "
-        "replica CPU on every step (docs/benchmarks.md, \"vLLM's engine metrics\")",
+        "replica CPU on every step (docs/benchmarks.md, \"Engine metrics off the step\")",
     )
     extra: dict[str, Any] = Field(
         default_factory=dict,
