@@ -46,7 +46,7 @@ class EngineHost:
         self._stop = threading.Event()
         self._callers = CallerWatch(lambda request_id: self._engine.abort(request_id))
         self._recorder, self._tags = recorder, tags
-        self.counts = counts or m.Counts()
+        self._counts = counts or m.Counts()
         if recorder is not None and tags is not None:
             threading.Thread(target=self._publish, args=(recorder, tags),
                              name="pdserve-gauges", daemon=True).start()
@@ -54,9 +54,9 @@ class EngineHost:
     def _publish(self, recorder: m.Recorder, tags: dict[str, str]) -> None:
         """The engine's gauges and the counts its steps gathered, every GAUGE_REFRESH_S."""
         while not self._stop.wait(GAUGE_REFRESH_S):
-            self.counts.flush(recorder)
+            self._counts.flush(recorder)
             _publish_gauges(recorder, tags, self.stats)
-        self.counts.flush(recorder)
+        self._counts.flush(recorder)
 
     @classmethod
     def start(
@@ -258,8 +258,8 @@ def _vllm_metrics_logger(export: bool):
     Serve LLM uses) when ``export`` (``engine.vllm_metrics``), else one that records nothing.
 
     vLLM adds its plain Prometheus logger to every engine given none: inside a Ray replica
-    its registry is scraped by nobody, yet it records on every step (about a tenth of a
-    decode replica's CPU under streaming load, measured with py-spy). Giving vLLM a logger
+    its registry is scraped by nobody, yet it records on every step (3% of a decode
+    replica's py-spy samples under streaming load: docs/benchmarks.md). Giving vLLM a logger
     of that class is how it is told not to.
     """
     from vllm.v1.metrics.loggers import PrometheusStatLogger

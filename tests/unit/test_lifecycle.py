@@ -19,6 +19,7 @@ from router.errors import APIError
 from router.lifecycle import RequestLifecycle
 from router.timing_metrics import RequestObserver
 from tests.fake_observer import RecordingObserver
+from tests.fake_recorder import FakeRecorder
 from tests.fake_time import FakeClock
 
 
@@ -44,23 +45,6 @@ class FakeGate:
 
     def release(self, ticket: int) -> None:
         self.released.append(ticket)
-
-
-class FakeRecorder:
-    """Stands in for the router's metrics recorder (the real one creates Ray metrics)."""
-
-    def __init__(self):
-        self.counted: list[tuple[str, dict, float]] = []
-        self.observed: list[tuple[str, dict, float]] = []
-
-    def inc(self, spec, tags, value=1.0):
-        self.counted.append((spec.name, dict(tags), value))
-
-    def observe(self, spec, tags, value):
-        self.observed.append((spec.name, dict(tags), value))
-
-    def requests(self) -> list[dict]:
-        return [tags for name, tags, _ in self.counted if name == m.REQUESTS.name]
 
 
 @dataclass

@@ -10,6 +10,7 @@ from cluster import metrics as m
 from cluster.config import load_config
 from cluster.dashboard import build_dashboard, dashboard_json
 from router.timing import STAGES, RequestTimer
+from tests.fake_recorder import FakeRecorder
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "ray_configs/grafana/pdserve-dashboard.json"
@@ -109,26 +110,16 @@ def test_timer_without_tokens_has_no_latencies():
     assert timer.ttft is None and timer.e2e is None and timer.queue_time is None
 
 
-class _CountingRecorder:
-    """Records what a ``Recorder`` would have been asked to add."""
-
-    def __init__(self):
-        self.calls = []
-
-    def inc(self, spec, tags, value=1.0):
-        self.calls.append((spec.name, tags, value))
-
-
 def test_gathered_counts_reach_the_counters_once_each_flush():
-    counts, recorder = m.Counts(), _CountingRecorder()
+    counts, recorder = m.Counts(), FakeRecorder()
     decode = {"pool": "decode", "version": "v1", "replica": "d0"}
     for tokens in (3, 0, 2):  # one engine step each
         counts.add(m.ENGINE_GENERATION_TOKENS, decode, tokens)
     counts.add(m.ENGINE_PROMPT_TOKENS, {**decode, "source": "transferred"}, 64)
     counts.flush(recorder)
-    assert sorted(recorder.calls, key=lambda call: call[0]) == [
+    assert sorted(recorder.counted, key=lambda call: call[0]) == [
         ("pdserve_engine_generation_tokens_total", decode, 5),
         ("pdserve_engine_prompt_tokens_total", {**decode, "source": "transferred"}, 64),
     ]
     counts.flush(recorder)  # nothing new: nothing added twice
-    assert len(recorder.calls) == 2
+    assert len(recorder.counted) == 2
