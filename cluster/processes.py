@@ -132,10 +132,11 @@ def running(server: ManagedServer) -> Iterator[ManagedServer]:
 
 
 def start_pdserve(config_path: Path, config: PDServeConfig, log_dir: Path,
-                  cwd: Path) -> ManagedServer:
+                  cwd: Path, name: str = "pdserve") -> ManagedServer:
+    """``pdserve up`` with ``config_path`` as a child process; its log is ``name``'s."""
     base_url = f"http://{config.router.host}:{config.router.port}"
     args = [sys.executable, "-m", "cluster.cli", "up", "--config", str(config_path)]
-    server = start("pdserve", args, base_url, log_dir, cwd)
+    server = start(name, args, base_url, log_dir, cwd)
     server.ready_line = SERVING_BANNER
     return server
 

@@ -56,7 +56,13 @@ def add_parser(commands) -> None:
                               "pdserve, colocated (one vLLM engine on both pools' cores), "
                               "serve-llm (Ray Serve LLM's PD app with pdserve's engine "
                               "settings; needs the serve-llm extra), serve-llm-per-token "
-                              "(the same, streaming each token without its 50 ms batching)")
+                              "(the same, streaming each token without its 50 ms batching), "
+                              "or the name of a --variant")
+    compare.add_argument("--variant", action="append", default=[],
+                         help="name:key.path=value,... (repeat): a pdserve setup of that "
+                              "name, the config with these settings overridden, e.g. "
+                              "--setups pdserve,chunk0,colocated --variant "
+                              "chunk0:router.stream_chunk_interval_ms=0")
     _workload_args(compare)
 
     overhead = sub.add_parser("overhead", help="pdserve's added latency at low load")
@@ -264,7 +270,8 @@ def _compare(args) -> int:
     count_tokens = _token_counter(args.tokenizer or str(config.model.path))
     workloads = args.workloads.split(",")
     log_dir = args.out / "logs"
-    setups = {name: _compare_setup(name, args.config, config, log_dir)
+    variants = _compare_variants(args)
+    setups = {name: _compare_setup(name, args.config, config, log_dir, variants)
               for name in args.setups.split(",")}
     results: dict[str, dict[str, dict]] = {}
     records: dict[str, dict[str, list[RequestRecord]]] = {}
@@ -277,7 +284,8 @@ def _compare(args) -> int:
                                          count_tokens, slo, not args.no_progress,
                                          f"{setup}/{workload}", metrics_url=(
                                              metrics_url_of(config)
-                                             if setup == "pdserve" else None))
+                                             if setup == "pdserve" or setup in variants
+                                             else None))
                 results.setdefault(workload, {})[setup] = summary
                 records.setdefault(workload, {})[setup] = recs
                 print(report.table(f"{setup} / {workload}", summary["all"]))
@@ -304,14 +312,42 @@ def _compare(args) -> int:
 SERVE_LLM_PORT = 8600
 
 
-def _compare_setup(name: str, config_path: Path, config: PDServeConfig, log_dir: Path):
+def _compare_variants(args) -> dict[str, tuple[Path, PDServeConfig]]:
+    """Each ``--variant`` of ``bench compare``: its config file (written under ``--out``)
+    and parsed config, by name."""
+    import yaml
+
+    from cluster.bench.variants import apply_overrides, parse_variant
+    from cluster.config import parse_config
+
+    base = yaml.safe_load(args.config.read_text())
+    variants = {}
+    for variant in map(parse_variant, args.variant):
+        if variant.name in COMPARE_SETUPS:
+            raise SystemExit(f"bench compare: variant {variant.name!r} has a setup's name")
+        document = apply_overrides(base, variant.overrides)
+        variants[variant.name] = (
+            _write_config(document, args.out / f"variant-{variant.name}.yaml"),
+            parse_config(document, source=f"variant {variant.name}"))
+    return variants
+
+
+COMPARE_SETUPS = ("pdserve", "colocated", "serve-llm", "serve-llm-per-token")
+
+
+def _compare_setup(name: str, config_path: Path, config: PDServeConfig, log_dir: Path,
+                   variants: dict[str, tuple[Path, PDServeConfig]]):
     """What starts setup ``name`` of ``bench compare`` (a server ``processes.running``
-    waits for)."""
+    waits for): one of ``COMPARE_SETUPS`` or a pdserve variant."""
     from cluster import processes
     from cluster.bench import serve_llm
 
     if name == "pdserve":
         return lambda: processes.start_pdserve(config_path, config, log_dir, REPO)
+    if name in variants:
+        path, variant_config = variants[name]
+        return lambda: processes.start_pdserve(path, variant_config, log_dir, REPO,
+                                               name=f"pdserve-{name}")
     if name == "colocated":
         return lambda: processes.start_vllm_server(
             config, COMPARE_REFERENCE_PORT, log_dir, REPO, name="colocated-vllm",
@@ -326,8 +362,8 @@ def _compare_setup(name: str, config_path: Path, config: PDServeConfig, log_dir:
             server.ready_line, server.health_path = serve_llm.SERVING_LINE, "/v1/models"
             return server
         return start
-    raise SystemExit(f"bench compare: unknown setup {name!r} (pdserve, colocated, "
-                     f"serve-llm, serve-llm-per-token)")
+    raise SystemExit(f"bench compare: unknown setup {name!r} ({', '.join(COMPARE_SETUPS)}, "
+                     f"or a --variant's name)")
 
 
 def _write_config(document: dict, path: Path) -> Path:
@@ -411,7 +447,8 @@ def _variants(args) -> int:
         ensure_model(config.model.path, config.model.generate)
         count_tokens = _token_counter(args.tokenizer or str(config.model.path))
         spec = _spec(args, max_model_len=config.engine.max_model_len)
-        started = processes.start_pdserve(path, config, args.out / "logs", REPO)
+        started = processes.start_pdserve(path, config, args.out / "logs", REPO,
+                                          name=f"pdserve-{variant.name}")
         with processes.running(started) as server:
             _warm_up(server.base_url, config.model.name)
             _, summary = _measure(server.base_url, config.model.name, spec, count_tokens,

@@ -1,12 +1,15 @@
 """Benchmark workloads and statistics (pure parts of `pdserve bench`)."""
 
 import statistics
+from pathlib import Path
 
 import pytest
 
 from cluster.bench.stats import SLO, RequestRecord, ratio, summarise
 from cluster.bench.workload import WorkloadSpec, arrival_times, plan
 from cluster.slo import SLOConfig
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def count_bytes(text: str) -> int:  # the tiny model's tokenizer: one token per byte
@@ -120,3 +123,19 @@ def test_variants_parse_and_override_dotted_keys():
         parse_variant("bad:router.port")
     with pytest.raises(ValueError):
         apply_overrides({"router": 5}, {"router.port": 1})
+
+
+def test_compare_variants_are_pdserve_setups_with_settings_overridden(tmp_path):
+    import argparse
+
+    from cluster.bench.cli import _compare_variants
+
+    args = argparse.Namespace(config=REPO / "ray_configs/bench.yaml", out=tmp_path,
+                              variant=["chunk0:router.stream_chunk_interval_ms=0"])
+    path, config = _compare_variants(args)["chunk0"]
+    assert config.router.stream_chunk_interval_ms == 0
+    assert path.parent == tmp_path and path.is_file()
+
+    args.variant = ["colocated:router.stream_chunk_interval_ms=0"]
+    with pytest.raises(SystemExit, match="has a setup's name"):
+        _compare_variants(args)
