@@ -65,6 +65,23 @@ def _refuse(hatch: dict[str, Any], owners: dict[str, str]) -> dict[str, Any]:
     return hatch
 
 
+class TinyTrainingSpec(StrictModel):
+    """A short training run for the generated model, so that it has learned something: the
+    cost levers (speculative decoding's acceptance, quantization's quality delta) mean
+    nothing on random weights (cluster/tiny_training.py)."""
+
+    corpus: Literal["python-stdlib"] = Field(
+        "python-stdlib", description="text every machine has: the running Python's standard "
+        "library sources (one file in ten held out for evaluation)"
+    )
+    steps: int = Field(300, ge=1, description="optimizer steps (~1 s each for the bench "
+                       "model on 2 cores)")
+    batch_size: int = Field(16, ge=1)
+    seq_len: int = Field(256, ge=8, description="tokens (bytes) per training sequence")
+    learning_rate: float = Field(3e-3, gt=0, description="AdamW's peak, after a linear "
+                                 "warm-up over a tenth of the steps, cosine to a tenth")
+
+
 class TinyModelSpec(StrictModel):
     """How to generate the local development model when its directory does not exist yet."""
 
@@ -75,7 +92,12 @@ class TinyModelSpec(StrictModel):
     num_kv_heads: int = Field(2, gt=0)
     intermediate_size: int = Field(256, gt=0)
     max_position_embeddings: int = Field(8192, gt=0)
-    init_std: float = Field(0.2, gt=0, description="weight init std (initializer_range)")
+    init_std: float = Field(0.2, gt=0, description="weight init std (initializer_range); "
+                            "0.2 makes random weights' output varied, training wants ~0.02")
+    train: TinyTrainingSpec | None = Field(
+        None, description="train the generated model briefly on local text (None: random "
+        "weights, generated in seconds)"
+    )
 
     @model_validator(mode="after")
     def _heads_divide(self) -> TinyModelSpec:

@@ -5,6 +5,9 @@ project makes its own model: random weights from a fixed seed (identical on ever
 machine for one torch version), a byte-level tokenizer (every UTF-8 string encodes, each
 byte is one token) and a chat template. It produces gibberish, but gibberish that vLLM
 serves exactly like a real checkpoint: same loader, same paged KV cache, same NIXL layout.
+With ``model.generate.train`` it is then trained for a few minutes on the standard
+library's sources (cluster/tiny_training.py), for the benchmarks whose figures need a model
+that has learned something.
 
 The directory is written atomically (to a temporary sibling, then renamed) so that two
 processes racing to create it never see a half-written model.
@@ -40,6 +43,7 @@ CHAT_TEMPLATE = (
 )
 
 MARKER_FILE = "pdserve-tiny.json"
+TRAINING_FILE = "training.json"  # a trained model's TrainingReport (cluster/tiny_training.py)
 
 
 def _byte_level_tokenizer():
@@ -82,7 +86,8 @@ def _gpt2_char_to_byte(char: str) -> int:
 
 
 def build_tiny_model(path: Path, spec: TinyModelSpec) -> None:
-    """Write a tiny random Llama + tokenizer to ``path`` (atomically)."""
+    """Write a tiny Llama + tokenizer to ``path`` (atomically): random weights, or
+    trained for ``spec.train``'s steps (minutes)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -110,13 +115,21 @@ def build_tiny_model(path: Path, spec: TinyModelSpec) -> None:
     torch.manual_seed(spec.seed)
     model = LlamaForCausalLM(config)
     model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
-    _prefer_printable_output(model, tokenizer.eos_token_id)
+    report = None
+    if spec.train is None:
+        _prefer_printable_output(model, tokenizer.eos_token_id)
+    else:  # a trained model writes what it saw; a zeroed row would outscore learned ones
+        from cluster.tiny_training import stdlib_corpus, train_model
+
+        report = train_model(model, spec.train, spec.seed, stdlib_corpus())
 
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
     try:
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
+        if report is not None:
+            (staging / TRAINING_FILE).write_text(json.dumps(report.to_json(), indent=2))
         (staging / MARKER_FILE).write_text(json.dumps(_marker(spec), indent=2))
         _replace_directory(staging, path)
     finally:
@@ -163,7 +176,9 @@ def is_complete(path: Path) -> bool:
 
 def _marker(spec: TinyModelSpec) -> dict:
     """What the marker file of a model generated from ``spec`` by this code says."""
-    return {**spec.model_dump(), "generator_format": GENERATOR_FORMAT}
+    # Unset options are left out, so a random model generated before ``train`` existed
+    # is still recognised (and not regenerated).
+    return {**spec.model_dump(exclude_none=True), "generator_format": GENERATOR_FORMAT}
 
 
 def _generated_spec(path: Path) -> dict | None:

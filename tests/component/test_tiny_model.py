@@ -89,3 +89,53 @@ def test_changed_spec_regenerates_and_foreign_models_are_kept(tmp_path):
 
     with pytest.raises(FileExistsError):
         ensure_model(path, small)
+
+
+def _trained_spec(steps: int = 40):
+    from cluster.config import TinyModelSpec, TinyTrainingSpec
+
+    return TinyModelSpec(hidden_size=32, num_heads=2, num_kv_heads=1, intermediate_size=64,
+                         num_layers=1, max_position_embeddings=256, init_std=0.02,
+                         train=TinyTrainingSpec(steps=steps, batch_size=4, seq_len=64))
+
+
+def test_a_trained_model_learns_held_out_text_and_is_the_same_for_a_seed(tmp_path):
+    """Training on the standard library lowers the loss on files it never saw, and two
+    builds from one spec are byte-identical (the cost levers' figures are reproducible)."""
+    import json
+
+    from cluster.tiny_model import MARKER_FILE, TRAINING_FILE, ensure_model
+
+    spec = _trained_spec()
+    first, second = ensure_model(tmp_path / "a", spec), ensure_model(tmp_path / "b", spec)
+    report = json.loads((first / TRAINING_FILE).read_text())
+    assert report["steps"] == 40 and report["corpus_files"] > 100
+    assert report["held_out_loss_after"] < report["held_out_loss_before"] - 1.0
+    assert ((first / "model.safetensors").read_bytes()
+            == (second / "model.safetensors").read_bytes())
+    assert json.loads((first / MARKER_FILE).read_text())["train"]["steps"] == 40
+
+    ensure_model(first, _trained_spec(steps=41))  # another training: regenerated
+    assert json.loads((first / TRAINING_FILE).read_text())["steps"] == 41
+
+
+def test_held_out_files_are_chosen_by_path_and_kept_out_of_training(tmp_path):
+    from cluster.tiny_training import is_held_out, stdlib_corpus
+
+    for index in range(40):
+        (tmp_path / f"module_{index}.py").write_text(f"VALUE_{index} = {index}\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_skipped.py").write_text("SKIPPED = 1\n")
+    corpus = stdlib_corpus(tmp_path)
+    held = [i for i in range(40) if is_held_out(f"module_{i}.py")]
+    assert 0 < len(held) < 40 and corpus.files == 40
+    for index in range(40):
+        line = f"VALUE_{index} = {index}\n".encode()
+        assert (line in corpus.held_out) == (index in held)
+        assert (line in corpus.train) == (index not in held)
+    assert b"SKIPPED" not in corpus.train + corpus.held_out
+
+    import pytest
+
+    with pytest.raises(FileNotFoundError, match="no Python sources"):
+        stdlib_corpus(tmp_path / "tests" / "nowhere")
