@@ -46,6 +46,7 @@ _OWNED_ELSEWHERE = {
     "model": "model.path / versions.<version>.path",
     "served_model_name": "model.name / served_models",
     "kv_transfer_config": "kv_transfer",
+    "speculative_config": "decode.speculative",
 }
 # Anything that shapes a KV block: blocks are copied verbatim between pools.
 _KV_LAYOUT_ARGS = frozenset({"block_size", "dtype", "max_model_len", "kv_cache_dtype"})
@@ -196,6 +197,36 @@ class EngineConfig(StrictModel):
         return _refuse(extra, {**per_pool, **shared, **_OWNED_ELSEWHERE})
 
 
+class SpeculativeConfig(StrictModel):
+    """Speculative decoding on the decode pool's engines (vLLM's ``speculative_config``).
+
+    Prompt lookup (``ngram``) only: it proposes the tokens that followed the last few
+    tokens where they occur earlier in the context, with no model of its own. A draft
+    model or EAGLE head would have to run on the prefill pool too (vLLM's NIXL handshake
+    refuses engines whose drafters differ) and its KV is not transferred, so the decode
+    engine would prefill every prompt again. Suffix decoding needs the arctic-inference
+    package, published only as a source distribution that does not build here
+    (docs/cost.md). Greedy output is unchanged by construction: a draft token is kept only
+    where the target model picks it.
+    """
+
+    method: Literal["ngram"] = Field("ngram", description="'ngram': prompt lookup")
+    num_speculative_tokens: int = Field(
+        4, ge=1, le=16, description="draft tokens verified per decode step")
+    prompt_lookup_min: int = Field(2, ge=1, description="shortest n-gram looked up")
+    prompt_lookup_max: int = Field(4, ge=1, description="longest n-gram looked up")
+
+    @model_validator(mode="after")
+    def _lookup_ordered(self) -> SpeculativeConfig:
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError("prompt_lookup_min must not exceed prompt_lookup_max")
+        return self
+
+    def engine_arg(self) -> dict[str, Any]:
+        """The ``speculative_config`` engine argument."""
+        return self.model_dump()
+
+
 class PoolConfig(StrictModel):
     """One pool (prefill or decode): its replicas and what each replica reserves."""
 
@@ -228,6 +259,9 @@ class PoolConfig(StrictModel):
         description="token cap of one engine step for this pool; prompts longer than it are "
         "prefilled in chunks (chunked prefill), so one long prompt cannot stall a step",
     )
+    speculative: SpeculativeConfig | None = Field(
+        None, description="decode pools only: speculative decoding without a draft model "
+        "(docs/cost.md); None: off")
 
     @field_validator("engine_overrides")
     @classmethod
@@ -649,6 +683,15 @@ class PDServeConfig(StrictModel):
                     f"generated model's max_position_embeddings "
                     f"({spec.max_position_embeddings}) of version {name}"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _speculation_on_decode_pools_only(self) -> PDServeConfig:
+        # A prefill engine makes one token per request: there is nothing to speculate on.
+        for version in self.versions:
+            if self.pool(version, "prefill").speculative is not None:
+                raise ValueError(f"{self._pool_path(version, 'prefill')}.speculative: "
+                                 "speculative decoding runs on the decode pool only")
         return self
 
     @model_validator(mode="after")

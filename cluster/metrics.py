@@ -94,6 +94,10 @@ ENGINE_PROMPT_TOKENS = MetricSpec("pdserve_engine_prompt_tokens_total", "counter
                                   "(computed, cached, transferred)", (*POOL_TAGS, "source"))
 ENGINE_GENERATION_TOKENS = MetricSpec("pdserve_engine_generation_tokens_total", "counter",
                                       "Tokens the engine generated", POOL_TAGS)
+SPEC_TOKENS = MetricSpec("pdserve_spec_decode_tokens_total", "counter",
+                        "Speculative decoding (decode.speculative): draft tokens proposed "
+                        "and accepted; accepted / drafted is the acceptance rate",
+                        (*POOL_TAGS, "kind"))
 ENGINE_PHASE = MetricSpec("pdserve_engine_request_seconds", "histogram",
                           "Engine time of each finished request by phase: queued (arrival "
                           "to first scheduled) and prefill (scheduled to first token; on "
@@ -148,7 +152,7 @@ PREFILL_PER_DECODE = MetricSpec("pdserve_autoscaling_prefill_per_decode", "gauge
 CATALOGUE: tuple[MetricSpec, ...] = (
     TTFT, ITL, E2E, QUEUE, STAGE, REQUESTS, PROMPT_TOKENS, GENERATION_TOKENS, OUTPUT_CHUNKS,
     REPLICAS, RUNNING, WAITING, KV_USAGE, ENGINE_PROMPT_TOKENS, ENGINE_GENERATION_TOKENS,
-    ENGINE_PHASE,
+    SPEC_TOKENS, ENGINE_PHASE,
     KV_TRANSFER_SECONDS, KV_TRANSFER_BYTES, KV_TRANSFER_FAILURES, KV_LEASES_EXPIRED,
     KV_HANDLES_LATE, RETRIES,
     CANARY_PERCENT, CANARY_DECISIONS,

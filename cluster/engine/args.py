@@ -59,6 +59,8 @@ def engine_kwargs(
         kwargs["reasoning_parser"] = reasoning_parser
     if kv_transfer_config is not None:
         kwargs["kv_transfer_config"] = kv_transfer_config
+    if pool.speculative is not None:  # decode pools only (validated)
+        kwargs["speculative_config"] = pool.speculative.engine_arg()
     kwargs.update(engine.extra)
     kwargs.update(pool.engine_overrides)
     return kwargs

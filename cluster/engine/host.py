@@ -244,6 +244,7 @@ def _stats_logger_factory(stats: EngineStats, recorder: m.Recorder, counts: m.Co
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
             if scheduler_stats is not None:
                 _observe_scheduler(stats, recorder, tags, scheduler_stats)
+                _observe_speculation(stats, counts, tags, scheduler_stats.spec_decoding_stats)
             if iteration_stats is not None:
                 _observe_iteration(stats, recorder, counts, tags, iteration_stats)
 
@@ -318,6 +319,15 @@ def _observe_scheduler(stats: EngineStats, recorder: m.Recorder, tags, scheduler
     recorder.inc(m.KV_TRANSFER_BYTES, tags, num_bytes)
     recorder.inc(m.KV_TRANSFER_FAILURES, tags, failures)
     recorder.inc(m.KV_LEASES_EXPIRED, tags, leases_expired)
+
+
+def _observe_speculation(stats: EngineStats, counts: m.Counts, tags, spec) -> None:
+    """A step's speculative-decoding counts (None when the engine does not speculate)."""
+    if spec is None:
+        return
+    stats.observe_speculation(spec.num_draft_tokens, spec.num_accepted_tokens)
+    counts.add(m.SPEC_TOKENS, {**tags, "kind": "drafted"}, spec.num_draft_tokens)
+    counts.add(m.SPEC_TOKENS, {**tags, "kind": "accepted"}, spec.num_accepted_tokens)
 
 
 def _publish_gauges(recorder: m.Recorder, tags: dict[str, str], stats: EngineStats) -> None:

@@ -33,6 +33,9 @@ class EngineStats:
     # counters: KV leases (prefill side) and handles that came too late (decode side)
     kv_leases_expired: int = 0
     kv_handles_late: int = 0
+    # counters: speculative decoding (decode.speculative): tokens proposed and kept
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
     def observe_scheduler(self, kv_cache_usage: float, num_running: int, num_waiting: int):
         self.kv_cache_usage = kv_cache_usage
@@ -60,6 +63,10 @@ class EngineStats:
         self.kv_bytes_transferred += num_bytes
         self.kv_transfer_failures += failures
         self.kv_leases_expired += leases_expired
+
+    def observe_speculation(self, draft_tokens: int, accepted_tokens: int) -> None:
+        self.spec_draft_tokens += draft_tokens
+        self.spec_accepted_tokens += accepted_tokens
 
     @property
     def is_idle(self) -> bool:

@@ -101,13 +101,16 @@ def reference(pdserve) -> Iterator[str]:
         processes.stop(server, signal.SIGTERM, timeout_s=60)
 
 
-def engine_stats(base_url: str) -> dict[str, dict]:
-    response = httpx.get(f"{base_url}/admin/stats", timeout=30, headers=ADMIN)
+def engine_stats(base_url: str, version: str | None = None) -> dict[str, dict]:
+    """``/admin/stats`` of one version's pools (default: the primary version's)."""
+    params = {"version": version} if version else None
+    response = httpx.get(f"{base_url}/admin/stats", timeout=30, headers=ADMIN, params=params)
     response.raise_for_status()
     return response.json()
 
 
-def wait_until_idle(base_url: str, timeout_s: float = 60) -> dict[str, dict]:
+def wait_until_idle(base_url: str, timeout_s: float = 60,
+                    version: str | None = None) -> dict[str, dict]:
     """Poll until both engines run nothing and hold no KV block; return the stats.
 
     The prefill side frees a request's blocks once the decode side has pulled them (or the
@@ -115,7 +118,7 @@ def wait_until_idle(base_url: str, timeout_s: float = 60) -> dict[str, dict]:
     """
     deadline = time.monotonic() + timeout_s
     while True:
-        stats = engine_stats(base_url)
+        stats = engine_stats(base_url, version)
         if all(pool["is_idle"] for pool in stats.values()):
             return stats
         if time.monotonic() > deadline:

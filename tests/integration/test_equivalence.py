@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from tests.integration.conftest import MODEL, engine_stats, wait_until_idle
+from tests.integration.conftest import CONFIG, MODEL, engine_stats, wait_until_idle
 from tests.integration.openai_http import generate
 
 pytestmark = pytest.mark.integration
@@ -93,3 +93,40 @@ def test_a_stream_leaves_the_decode_pool_in_chunks_with_the_same_tokens(pdserve)
     chunks = [event for event in streamed.events
               if any(choice.get("token_ids") for choice in event.get("choices", []))]
     assert 1 < len(chunks) < 64, f"{len(chunks)} chunks for 64 tokens"
+
+
+SPECULATING = "tiny-llama-spec"  # v3: v1's weights, its decode pool speculating
+
+
+def test_a_speculating_decode_pool_gives_the_same_greedy_answers(pdserve):
+    """decode.speculative (n-gram prompt lookup) proposes draft tokens on both paths, and
+    the answers stay those of the same weights on engines that do not speculate (v1)."""
+    assert CONFIG.pool("v3", "decode").speculative is not None
+    assert CONFIG.pool("v1", "decode").speculative is None
+    before = wait_until_idle(pdserve, version="v3")
+    for prompt in (prose(12, seed=7), prose(230, seed=8)):  # decode-local, disaggregated
+        ours = generate(pdserve, "completion", SPECULATING, prompt, stream=True,
+                        max_tokens=48, temperature=0, ignore_eos=True)
+        plain = generate(pdserve, "completion", MODEL, prompt, stream=True, max_tokens=48,
+                         temperature=0, ignore_eos=True)
+        assert ours.status == plain.status == 200, (ours.error, plain.error)
+        assert ours.token_ids == plain.token_ids, "speculation changed a greedy answer"
+    after = wait_until_idle(pdserve, version="v3")
+
+    def delta(pool: str, key: str) -> int:
+        return after[pool][key] - before[pool][key]
+
+    drafted, accepted = delta("decode", "spec_draft_tokens"), delta("decode",
+                                                                   "spec_accepted_tokens")
+    assert drafted > 0 and 0 <= accepted <= drafted
+    assert after["prefill"]["spec_draft_tokens"] == 0  # a prefill engine never speculates
+    assert engine_stats(pdserve)["decode"]["spec_draft_tokens"] == 0  # nor does v1's
+
+
+def test_sampling_fields_speculation_cannot_honour_are_refused_not_ignored(pdserve):
+    """vLLM 0.32 cannot apply logit_bias or min_p while speculating: a 400 that says so."""
+    for field, value in (("logit_bias", {"65": 5}), ("min_p", 0.1)):
+        result = generate(pdserve, "completion", SPECULATING, "Hello", stream=False,
+                          max_tokens=4, **{field: value})
+        assert result.status == 400, result
+        assert "speculative decoding" in result.error["message"]
