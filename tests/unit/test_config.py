@@ -12,7 +12,7 @@ MINIMAL = {"model": {"name": "m", "path": "/models/m"}}
 
 @pytest.mark.parametrize(
     "path", ["ray_configs/local.yaml", "tests/integration/pdserve-test.yaml",
-             "ray_configs/bench.yaml"]
+             "ray_configs/bench.yaml", "ray_configs/levers.yaml"]
 )
 def test_shipped_configs_load(path):
     config = load_config(REPO / path)
@@ -40,6 +40,13 @@ def test_defaults_fill_everything_but_the_model():
         # vLLM 0.32 reads VLLM_CPU_KVCACHE_SPACE with int(): a fraction would stop the engine
         ({**MINIMAL, "engine": {"cpu_kvcache_space_gib": 1.5}}, "engine.cpu_kvcache_space_gib",
          "valid integer"),
+        # a draft model's KV is not transferred and NIXL wants the same drafter on prefill
+        ({**MINIMAL, "decode": {"speculative": {"method": "eagle"}}},
+         "decode.speculative.method", "'ngram'"),
+        ({**MINIMAL, "decode": {"speculative": {"prompt_lookup_min": 5}}},
+         "decode.speculative", "prompt_lookup_min must not exceed"),
+        ({**MINIMAL, "model": {"name": "m", "path": "/m", "generate": {"train": {"steps": 0}}}},
+         "model.generate.train.steps", "greater than or equal"),
     ],
 )
 def test_invalid_field_is_named(data, field, words):
@@ -64,6 +71,8 @@ def test_pools_may_not_diverge_in_kv_layout():
     ({"engine": {"extra": {"tensor_parallel_size": 2}}}, "engine.extra",
      "prefill.tensor_parallel_size / decode.tensor_parallel_size"),
     ({"engine": {"extra": {"kv_transfer_config": {}}}}, "engine.extra", "kv_transfer"),
+    ({"decode": {"engine_overrides": {"speculative_config": {"method": "ngram"}}}},
+     "decode.engine_overrides", "decode.speculative"),
     ({"prefill": {"engine_overrides": {"max_num_batched_tokens": 512}}},
      "prefill.engine_overrides", "this pool's `max_num_batched_tokens`"),
     ({"versions": {"v1": {"path": "/m", "decode": {"engine_overrides": {"model": "/x"}}}},
@@ -150,3 +159,16 @@ def test_missing_file_and_bad_yaml(tmp_path):
     scalar.write_text("42\n")
     with pytest.raises(ConfigError, match="mapping at the top level"):
         load_config(scalar)
+
+
+def test_speculation_belongs_to_decode_pools_and_reaches_only_their_engines():
+    from cluster.engine.args import engine_kwargs
+
+    config = parse_config({**MINIMAL, "decode": {"speculative": {"num_speculative_tokens": 3}}})
+    assert engine_kwargs(config, "decode", None)["speculative_config"] == {
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
+        "prompt_lookup_max": 4}
+    assert "speculative_config" not in engine_kwargs(config, "prefill", None)
+    with pytest.raises(ConfigError, match=r"prefill\.speculative: speculative decoding runs "
+                                          r"on the decode pool only"):
+        parse_config({**MINIMAL, "prefill": {"speculative": {}}})
