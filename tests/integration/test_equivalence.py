@@ -95,38 +95,55 @@ def test_a_stream_leaves_the_decode_pool_in_chunks_with_the_same_tokens(pdserve)
     assert 1 < len(chunks) < 64, f"{len(chunks)} chunks for 64 tokens"
 
 
-SPECULATING = "tiny-llama-spec"  # v3: v1's weights, its decode pool speculating
+SPECULATING_PORT = 8190
 
 
-def test_a_speculating_decode_pool_gives_the_same_greedy_answers(pdserve):
-    """decode.speculative (n-gram prompt lookup) proposes draft tokens on both paths, and
-    the answers stay those of the same weights on engines that do not speculate (v1)."""
-    assert CONFIG.pool("v3", "decode").speculative is not None
-    assert CONFIG.pool("v1", "decode").speculative is None
-    before = wait_until_idle(pdserve, version="v3")
+@pytest.fixture
+def speculating(pdserve):
+    """vLLM's server running the decode pool's engine with ``decode.speculative`` on, as
+    pdserve passes it (cluster.engine.args): started for one test and stopped after it, so
+    that no more engines than usual share the machine with the suites that follow."""
+    import signal
+
+    from cluster import processes
+    from cluster.config import SpeculativeConfig
+    from tests.integration.conftest import LOG_DIR, REPO
+
+    config = CONFIG.model_copy(update={"decode": CONFIG.decode.model_copy(
+        update={"speculative": SpeculativeConfig(num_speculative_tokens=4)})})
+    server = processes.start_vllm_server(config, SPECULATING_PORT, LOG_DIR, REPO,
+                                         name="speculating-vllm")
+    try:
+        processes.wait_ready(server, timeout_s=420)
+        yield server.base_url
+    finally:
+        processes.stop(server, signal.SIGTERM, timeout_s=60)
+
+
+def _drafted(base_url: str) -> float:
+    import httpx
+
+    for line in httpx.get(f"{base_url}/metrics", timeout=30).text.splitlines():
+        if line.startswith("vllm:spec_decode_num_draft_tokens_total"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_speculating_decode_engine_gives_pdserves_greedy_answers(pdserve, speculating):
+    """The decode pool's engine with decode.speculative (n-gram prompt lookup) drafts
+    tokens and answers greedy requests token for token as pdserve's engines that do not
+    speculate do, on both of pdserve's paths; it refuses what vLLM cannot apply while
+    speculating (logit_bias, min_p) with a 400 that says so."""
+    before = _drafted(speculating)
     for prompt in (prose(12, seed=7), prose(230, seed=8)):  # decode-local, disaggregated
-        ours = generate(pdserve, "completion", SPECULATING, prompt, stream=True,
-                        max_tokens=48, temperature=0, ignore_eos=True)
         plain = generate(pdserve, "completion", MODEL, prompt, stream=True, max_tokens=48,
                          temperature=0, ignore_eos=True)
-        assert ours.status == plain.status == 200, (ours.error, plain.error)
-        assert ours.token_ids == plain.token_ids, "speculation changed a greedy answer"
-    after = wait_until_idle(pdserve, version="v3")
-
-    def delta(pool: str, key: str) -> int:
-        return after[pool][key] - before[pool][key]
-
-    drafted, accepted = delta("decode", "spec_draft_tokens"), delta("decode",
-                                                                   "spec_accepted_tokens")
-    assert drafted > 0 and 0 <= accepted <= drafted
-    assert after["prefill"]["spec_draft_tokens"] == 0  # a prefill engine never speculates
-    assert engine_stats(pdserve)["decode"]["spec_draft_tokens"] == 0  # nor does v1's
-
-
-def test_sampling_fields_speculation_cannot_honour_are_refused_not_ignored(pdserve):
-    """vLLM 0.32 cannot apply logit_bias or min_p while speculating: a 400 that says so."""
+        theirs = generate(speculating, "completion", MODEL, prompt, stream=True,
+                          max_tokens=48, temperature=0, ignore_eos=True)
+        assert plain.status == theirs.status == 200, (plain.error, theirs.error)
+        assert theirs.token_ids == plain.token_ids, "speculation changed a greedy answer"
+    assert _drafted(speculating) > before
     for field, value in (("logit_bias", {"65": 5}), ("min_p", 0.1)):
-        result = generate(pdserve, "completion", SPECULATING, "Hello", stream=False,
-                          max_tokens=4, **{field: value})
-        assert result.status == 400, result
-        assert "speculative decoding" in result.error["message"]
+        refused = generate(speculating, "completion", MODEL, "Hello", stream=False,
+                           max_tokens=4, **{field: value})
+        assert refused.status == 400 and "speculative decoding" in refused.error["message"]
