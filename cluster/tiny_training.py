@@ -83,6 +83,14 @@ def stdlib_corpus(root: Path | None = None) -> Corpus:
     return Corpus(b"".join(train), b"".join(held_out), len(paths), digest.hexdigest())
 
 
+def held_out_prompts(count: int, length: int) -> list[str]:
+    """``count`` prompts of ``length`` characters, spread over the held-out text: source
+    the trained model never saw (the cost levers' measurements continue it)."""
+    text = stdlib_corpus().held_out.decode("utf-8", "replace")
+    step = len(text) // count
+    return [text[i * step: i * step + length] for i in range(count)]
+
+
 def is_held_out(relative_path: str) -> bool:
     """One file in ``HELD_OUT_ONE_IN``, chosen by its path: the same on every machine."""
     return hashlib.sha256(relative_path.encode()).digest()[0] % HELD_OUT_ONE_IN == 0

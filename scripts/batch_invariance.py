@@ -21,14 +21,7 @@ from cluster import processes
 from cluster.bench.cli import COMPARE_REFERENCE_PORT, REPO, _warm_up
 from cluster.config import load_config
 from cluster.tiny_model import ensure_model
-from cluster.tiny_training import stdlib_corpus
-
-
-def prompts(count: int, length: int = 240) -> list[str]:
-    """Distinct pieces of held-out standard-library source: text the model never saw."""
-    text = stdlib_corpus().held_out.decode("utf-8", "replace")
-    step = len(text) // count
-    return [text[i * step: i * step + length] for i in range(count)]
+from cluster.tiny_training import held_out_prompts
 
 
 def first_difference(a: str, b: str) -> int:
@@ -48,7 +41,7 @@ async def complete(client, model: str, prompt: str, max_tokens: int) -> str:
 async def measure(base_url: str, model: str, args) -> dict:
     import httpx
 
-    texts = prompts(args.batch)
+    texts = held_out_prompts(args.batch, 240)
     async with httpx.AsyncClient(base_url=base_url, timeout=600) as client:
         alone = [await complete(client, model, texts[i], args.max_tokens)
                  for i in range(args.probes)]

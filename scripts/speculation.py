@@ -26,14 +26,7 @@ from cluster import processes
 from cluster.bench.cli import COMPARE_REFERENCE_PORT, REPO, _warm_up
 from cluster.bench.cpu import descendants, sample_processes
 from cluster.config import SpeculativeConfig, load_config
-from cluster.tiny_training import stdlib_corpus
-
-
-def prompts(count: int, length: int) -> list[str]:
-    """The first ``length`` characters of ``count`` held-out stretches of source."""
-    text = stdlib_corpus().held_out.decode("utf-8", "replace")
-    step = len(text) // count
-    return [text[i * step: i * step + length] for i in range(count)]
+from cluster.tiny_training import held_out_prompts
 
 
 async def stream(client, model: str, prompt: str, max_tokens: int) -> dict:
@@ -100,7 +93,7 @@ def measure(config, speculative: SpeculativeConfig | None, args) -> dict:
             before_counts, before_cpu = spec_counts(running.base_url), cpu_seconds(
                 server.process.pid)
             result = asyncio.run(run_level(running.base_url, config.model.name,
-                                           prompts(count, args.prompt_chars),
+                                           held_out_prompts(count, args.prompt_chars),
                                            concurrency, args.max_tokens))
             after_counts = spec_counts(running.base_url)
             tokens = count * args.max_tokens
