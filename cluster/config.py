@@ -512,6 +512,34 @@ class Deadlines(StrictModel):
         "request waiting in front of the router is bounded too")
 
 
+class ResponseCacheConfig(StrictModel):
+    """The router's cache of whole answers (router/cache_policy.py, router/response_cache.py):
+    only for requests whose answer is determined (greedy or seeded, one choice), keyed by
+    version, tenant and the canonical request; a hit spares both pools."""
+
+    enabled: bool = Field(False, description="replay stored answers to identical requests")
+    store: Literal["memory", "redis"] = Field(
+        "memory", description="'memory': each router replica keeps its own (hits divide by "
+        "the replica count); 'redis': one store shared by every router replica (redis_url)")
+    redis_url: str | None = Field(
+        None, description="the shared store, e.g. redis://cache.internal:6379/0; bound its "
+        "memory in Redis itself (maxmemory with allkeys-lru)")
+    max_bytes: int = Field(
+        256 * 1024 * 1024, ge=1024, description="the memory store's bound per router replica")
+    max_entry_bytes: int = Field(
+        1024 * 1024, ge=256, description="larger answers (with logprobs, say) are not stored")
+    ttl_s: float = Field(600, gt=0, description="an entry is served for this long at most")
+
+    @model_validator(mode="after")
+    def _store_reachable(self) -> ResponseCacheConfig:
+        if self.store == "redis" and not self.redis_url:
+            raise ValueError("response_cache.store 'redis' needs response_cache.redis_url")
+        if self.store == "memory" and self.redis_url:
+            raise ValueError("response_cache.redis_url is set but store is 'memory'; set "
+                             "store: redis to share entries between router replicas")
+        return self
+
+
 class RouterConfig(StrictModel):
     """The HTTP ingress."""
 
@@ -554,6 +582,7 @@ class RouterConfig(StrictModel):
     limits: RequestLimits = RequestLimits()
     retries: RetryConfig = RetryConfig()
     deadlines: Deadlines = Deadlines()
+    response_cache: ResponseCacheConfig = ResponseCacheConfig()
 
 
 class RayConfig(StrictModel):

@@ -122,6 +122,17 @@ KV_HANDLES_LATE = MetricSpec("pdserve_kv_handles_late_total", "counter",
                              "prefilled the prompt itself instead of pulling", POOL_TAGS)
 
 # --- retries (recorded by the router's flow, router/retry.py) ---------------------------
+RESPONSE_CACHE_REQUESTS = MetricSpec(
+    "pdserve_response_cache_requests_total", "counter",
+    "Prompts looked up in the router's response cache, by result (hit, miss: computed and "
+    "stored; bypass: not determined, so never cached)", ("version", "result"))
+RESPONSE_CACHE_SAVED_TOKENS = MetricSpec(
+    "pdserve_response_cache_saved_tokens_total", "counter",
+    "Tokens the response cache's hits spared the engines (prompt, generation)",
+    ("version", "kind"))
+RESPONSE_CACHE_ERRORS = MetricSpec(
+    "pdserve_response_cache_store_errors_total", "counter",
+    "Shared-store (Redis) calls that failed; each was answered as a miss", ("operation",))
 RETRIES = MetricSpec("pdserve_retries_total", "counter",
                      "Stages that failed, why (died, unavailable, deadline, refused, internal) "
                      "and what the router did next (retry_prefill, decode_local, migrate, "
@@ -155,6 +166,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     SPEC_TOKENS, ENGINE_PHASE,
     KV_TRANSFER_SECONDS, KV_TRANSFER_BYTES, KV_TRANSFER_FAILURES, KV_LEASES_EXPIRED,
     KV_HANDLES_LATE, RETRIES,
+    RESPONSE_CACHE_REQUESTS, RESPONSE_CACHE_SAVED_TOKENS, RESPONSE_CACHE_ERRORS,
     CANARY_PERCENT, CANARY_DECISIONS,
     DESIRED_REPLICAS, STANDBY_FLOOR, SCALE_EVENTS, PREFILL_PER_DECODE,
 )

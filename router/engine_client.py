@@ -20,6 +20,7 @@ from router.errors import APIError
 from router.flow import DisaggregatedFlow
 from router.lifecycle import RequestLifecycle
 from router.protocol import check_token_ids
+from router.response_cache import ResponseCache, generated_tokens, replayed_output
 
 
 def request_key(request_id: str) -> str:
@@ -33,7 +34,8 @@ class PDEngineClient:
     classes use (they read these attributes and call ``generate``)."""
 
     def __init__(self, vllm_config: Any, renderer: Any, flow: DisaggregatedFlow, *,
-                 disaggregation_threshold: int, stream_chunk_interval_s: float = 0.0):
+                 disaggregation_threshold: int, stream_chunk_interval_s: float = 0.0,
+                 cache: ResponseCache | None = None):
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
         self.renderer = renderer
@@ -45,6 +47,7 @@ class PDEngineClient:
         self._chunk_interval_s = stream_chunk_interval_s
         self._vocab_size = self.model_config.get_vocab_size()
         self._requests: dict[str, RequestLifecycle] = {}
+        self.cache = cache
 
     def register(self, key: str, lifecycle: RequestLifecycle) -> None:
         """A request vLLM's layer is about to run (a stream: until it ends)."""
@@ -88,10 +91,52 @@ class PDEngineClient:
         request = EngineRequest(request_id, tuple(token_ids), sampling_params,
                                 reasoning_ended, reasoning_parser_kwargs,
                                 chunk_interval_s=self._chunk_interval(sampling_params))
-        run = self._run(lifecycle, request, cost, route)
-        async with lifecycle.turn, aclosing(run) as outputs:
-            async for output in outputs:
-                yield output
+        key = self._cache_key(lifecycle, request)
+        async with lifecycle.turn:
+            if key is None:
+                run = self._run(lifecycle, request, cost, route)
+            else:
+                run = self._through_cache(key, lifecycle, request, cost, route)
+            async with aclosing(run) as outputs:
+                async for output in outputs:
+                    yield output
+
+    def _cache_key(self, lifecycle: RequestLifecycle, request: EngineRequest) -> str | None:
+        """The response cache's key for ``request``; None when it bypasses the cache (off,
+        or an answer the request does not determine)."""
+        if self.cache is None:
+            return None
+        key = self.cache.key_for(lifecycle.tenant, request.prompt_token_ids, request.sampling,
+                                 {"reasoning_ended": request.reasoning_ended,
+                                  "reasoning_parser_kwargs": request.reasoning_parser_kwargs})
+        if key is None:
+            lifecycle.cache_result("bypass")
+            self.cache.count("bypass")
+        return key
+
+    async def _through_cache(self, key: str, lifecycle: RequestLifecycle,
+                             request: EngineRequest, cost: int,
+                             route: Route) -> AsyncIterator[Any]:
+        """The stored answer (a hit: the pools and admission are spared), else the pools'
+        answer, recorded for the next identical request (an identical one already in
+        flight is waited for: single flight)."""
+        prompt = list(request.prompt_token_ids)
+        entry, recording = await self.cache.lookup_or_lead(key)
+        if entry is not None:
+            lifecycle.cache_result("hit")
+            lifecycle.served_from_cache(len(prompt))
+            self.cache.count("hit", len(prompt), generated_tokens(entry))
+            yield replayed_output(entry, request.request_id, prompt)
+            return
+        lifecycle.cache_result("miss")
+        self.cache.count("miss")
+        try:
+            async with aclosing(self._run(lifecycle, request, cost, route)) as outputs:
+                async for output in outputs:
+                    recording.add(output)
+                    yield output
+        finally:
+            recording.close()
 
     async def _run(self, lifecycle: RequestLifecycle, request: EngineRequest, cost: int,
                    route: Route) -> AsyncIterator[Any]:

@@ -18,6 +18,7 @@ from typing import Any
 from cluster import metrics as m
 from router.admission import Ticket
 from router.admission_gate import AdmissionGate
+from router.cache_policy import CacheResult, merge_results
 from router.errors import APIError
 from router.timing_metrics import RequestObserver
 
@@ -33,6 +34,7 @@ class RequestLifecycle:
         self._observer = observer
         self._key = key
         self._tickets: set[Ticket] = set()
+        self._cache_results: list[CacheResult] = []
         # The prompts of a batched request take turns through the pools (engine_client).
         self.turn = asyncio.Lock()
 
@@ -52,6 +54,26 @@ class RequestLifecycle:
         self._tickets.add(ticket)
         self._observer.dispatched()
         return ticket
+
+    @property
+    def tenant(self) -> str:
+        """Whose answers these are (the hashed API key, else the user): the response
+        cache never replays one tenant's answer to another."""
+        return self._key
+
+    def cache_result(self, result: CacheResult) -> None:
+        """What the response cache did for one of the request's prompts."""
+        self._cache_results.append(result)
+
+    def cache_header(self) -> dict[str, str]:
+        """``x-pdserve-cache: hit|miss|bypass`` once the cache saw the request (none when
+        it is off, or the request failed before its prompt was rendered)."""
+        result = merge_results(self._cache_results)
+        return {} if result is None else {"x-pdserve-cache": result}
+
+    def served_from_cache(self, prompt_tokens: int) -> None:
+        """A prompt was answered from the response cache: no admission, no engine."""
+        self._observer.served_from_cache(prompt_tokens)
 
     def rendered(self) -> None:
         """vLLM's layer rendered the prompt and handed it over (a timing mark)."""

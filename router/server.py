@@ -52,6 +52,7 @@ from router.lifecycle import RequestLifecycle
 from router.limits import check_body, check_declared_size, check_received_size
 from router.pool_view import known_replicas
 from router.protocol import refuse_not_honoured
+from router.response_cache import cache_store
 from router.retry import RetryPolicy
 from router.sse import line_safe
 from router.timing_metrics import RequestObserver, count_refusal, retry_counter
@@ -161,6 +162,7 @@ class Router:
     def __init__(self, config: PDServeConfig, pools: dict[str, dict], rollout=None):
         self._config = config
         self._versions: dict[str, VersionFrontends] = {}
+        self._cache_store = cache_store(config.router.response_cache)
         caller = _this_actor()
         for name in config.versions:
             flow = DisaggregatedFlow(
@@ -174,7 +176,7 @@ class Router:
                     known_replicas, pools[name]["prefill"].deployment_name))
             served = [served for served, weights in config.served_models.items()
                       if weights.get(name) is not None]
-            self._versions[name] = build_version(config, name, flow, served)
+            self._versions[name] = build_version(config, name, flow, served, self._cache_store)
         self._rollout = RolloutClient(
             rollout, config.served_models,
             config.canary.served_model if config.canary is not None else None)
@@ -245,6 +247,18 @@ class Router:
         """This router replica's admission state: the token budget in use and the queue."""
         self._authorize_admin(request)
         return JSONResponse({**self._gate.snapshot(), "router_replica": self._replica_id})
+
+    @app.get("/admin/cache")
+    async def cache(self, request: Request) -> JSONResponse:
+        """This router replica's response cache: its store (entries and bytes for the
+        memory store) and the answers being computed for waiting requests, per version."""
+        self._authorize_admin(request)
+        if self._cache_store is None:
+            return JSONResponse({"enabled": False, "router_replica": self._replica_id})
+        in_flight = {name: version.client.cache.in_flight
+                     for name, version in self._versions.items()}
+        return JSONResponse({"enabled": True, **self._cache_store.describe(),
+                             "in_flight": in_flight, "router_replica": self._replica_id})
 
     @app.post("/v1/completions")
     async def completions(self, request: Request):
@@ -342,7 +356,7 @@ class Router:
             return await self._stream(result, lifecycle, headers,
                                       lambda: client.unregister(key))
         client.unregister(key)
-        return self._answer(result, lifecycle, headers)
+        return self._answer(result, lifecycle, {**headers, **lifecycle.cache_header()})
 
     def _answer(self, result: Any, lifecycle: RequestLifecycle,
                 headers: dict[str, str]) -> JSONResponse:
@@ -378,7 +392,8 @@ class Router:
             return self._failed(lifecycle.failure, lifecycle, headers)
         lifecycle.answered()
         relayed = self._relay(prepend(first, events), lifecycle, done)
-        return StreamingResponse(relayed, media_type="text/event-stream", headers=headers)
+        return StreamingResponse(relayed, media_type="text/event-stream",
+                                 headers={**headers, **lifecycle.cache_header()})
 
     async def _relay(self, events: AsyncIterator[str], lifecycle: RequestLifecycle,
                      done) -> AsyncIterator[str]:

@@ -53,12 +53,21 @@ class RequestObserver:
         self._prompt_tokens = 0
         self._done = False
         self._faulted = False
+        self._prompts = self._cached_prompts = 0
         self.timer = RequestTimer(arrival=arrival)
 
     def routed(self, path: str, prompt_tokens: int) -> None:
         """The rendered prompt's length and the path it takes (prompts of a batch add up)."""
         self._tags["path"] = path
         self._prompt_tokens += prompt_tokens
+        self._prompts += 1
+
+    def served_from_cache(self, prompt_tokens: int) -> None:
+        """A prompt was answered from the response cache. A request all of whose prompts
+        were is counted under the path "cache", and kept out of the latency histograms and
+        the canary gate: a replay measures neither the engines nor the version."""
+        self.routed("cache", prompt_tokens)
+        self._cached_prompts += 1
 
     def faulted(self) -> None:
         """A stage of this request failed (the retry policy decided what followed)."""
@@ -87,6 +96,9 @@ class RequestObserver:
         if self._done:
             return
         self._done = True
+        if self._prompts and self._cached_prompts == self._prompts:
+            RECORDER.inc(m.REQUESTS, {**self._tags, "outcome": outcome})
+            return
         if self._on_finish is not None:
             self._on_finish(self._tags["model"], self._tags["version"], outcome, self.timer,
                             self._faulted)

@@ -22,6 +22,7 @@ from cluster.config import PDServeConfig
 from cluster.engine.args import engine_kwargs
 from router.engine_client import PDEngineClient
 from router.flow import DisaggregatedFlow
+from router.response_cache import CacheStore, ResponseCache, version_fingerprint
 
 
 @dataclass
@@ -42,9 +43,10 @@ class VersionFrontends:
 
 
 def build_version(config: PDServeConfig, version: str, flow: DisaggregatedFlow,
-                  served_names: list[str]) -> VersionFrontends:
+                  served_names: list[str], cache_store: CacheStore | None = None,
+                  ) -> VersionFrontends:
     """vLLM's configs, renderer and serving classes for ``version`` (seconds: it reads the
-    model's config and tokenizer)."""
+    model's config and tokenizer); its answers are cached in ``cache_store`` if given."""
     from vllm.config import VllmConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.renderers import renderer_from_config
@@ -56,12 +58,15 @@ def build_version(config: PDServeConfig, version: str, flow: DisaggregatedFlow,
         structured_outputs_config=args.create_structured_outputs_config(),
     )
     renderer = renderer_from_config(vllm_config)
+    checkpoint = config.versions[version]
+    cache = None if cache_store is None else ResponseCache(
+        cache_store, version, version_fingerprint(version, checkpoint.path))
     client = PDEngineClient(
         vllm_config, renderer, flow,
         disaggregation_threshold=config.router.disaggregation_threshold_tokens,
         stream_chunk_interval_s=config.router.stream_chunk_interval_ms / 1000,
+        cache=cache,
     )
-    checkpoint = config.versions[version]
     frontends = {
         name: _frontend(client, name, str(checkpoint.path), checkpoint.tool_parser,
                         checkpoint.reasoning_parser)

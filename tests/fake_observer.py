@@ -17,6 +17,9 @@ class RecordingObserver:
     def routed(self, path: str, prompt_tokens: int) -> None:
         self.routes.append((path, prompt_tokens))
 
+    def served_from_cache(self, prompt_tokens: int) -> None:
+        self.routes.append(("cache", prompt_tokens))
+
     def rendered(self) -> None:
         self.marks.append("rendered")
 

@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 # pdserve's own labels; Ray adds per-process ones (WorkerId, ...), over which samples sum.
 PDSERVE_LABELS = ("model", "version", "pool", "outcome", "source", "action", "stage",
-                  "reason", "le")
+                  "reason", "le", "path", "result", "kind")
 
 
 def scrape(url: str) -> dict[str, dict[tuple, float]]:

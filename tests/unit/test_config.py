@@ -47,6 +47,13 @@ def test_defaults_fill_everything_but_the_model():
          "decode.speculative", "prompt_lookup_min must not exceed"),
         ({**MINIMAL, "model": {"name": "m", "path": "/m", "generate": {"train": {"steps": 0}}}},
          "model.generate.train.steps", "greater than or equal"),
+        # a shared store needs its address, and an address means a shared store
+        ({**MINIMAL, "router": {"response_cache": {"enabled": True, "store": "redis"}}},
+         "router.response_cache", "needs response_cache.redis_url"),
+        ({**MINIMAL, "router": {"response_cache": {"redis_url": "redis://cache:6379/0"}}},
+         "router.response_cache", "set store: redis"),
+        ({**MINIMAL, "router": {"response_cache": {"store": "disk"}}},
+         "router.response_cache.store", "'memory' or 'redis'"),
     ],
 )
 def test_invalid_field_is_named(data, field, words):

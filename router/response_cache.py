@@ -1,0 +1,315 @@
+"""The router's response cache: stores, single flight and replay (shell).
+
+``router.cache_policy`` decides what may be cached and under which key; this module keeps
+the entries (``MemoryStore`` in the router replica, or ``RedisStore`` shared by several),
+makes identical requests in flight at once compute once (``ResponseCache.lookup_or_lead``)
+and turns a finished answer into an entry and back (``encode_output``,
+``replayed_output``).
+
+An entry is the answer's final ``RequestOutput`` as JSON: token ids, text, logprobs, finish
+reason, never pickled objects (a shared store is a network service: what comes back from
+it is data, not code). vLLM's serving layer replays it as it writes any answer, streamed or
+whole, with the request's own fresh id.
+
+A store that fails (Redis down) is a miss, logged and counted, never a failed request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from cluster import metrics as m
+from router.cache_policy import LRUStore, Unkeyable, bypass_reason, cache_key, canonical_request
+from router.timing_metrics import RECORDER
+
+if TYPE_CHECKING:
+    from cluster.config import ResponseCacheConfig
+
+logger = logging.getLogger(__name__)
+
+# Finish reasons of a complete answer: only those are stored (an aborted or failed stream
+# is not an answer).
+COMPLETE = frozenset({"stop", "length"})
+
+
+class CacheStore(Protocol):
+    """Where entries live: bytes under a key, each for the store's TTL."""
+
+    async def get(self, key: str) -> bytes | None: ...
+
+    async def put(self, key: str, value: bytes) -> None: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+class MemoryStore:
+    """Entries in this router replica's memory: LRU, bounded by bytes and age."""
+
+    def __init__(self, max_bytes: int, max_entry_bytes: int, ttl_s: float,
+                 clock: Callable[[], float] = time.monotonic):
+        self._lru = LRUStore(max_bytes, max_entry_bytes, ttl_s)
+        self._clock = clock
+
+    async def get(self, key: str) -> bytes | None:
+        return self._lru.get(key, self._clock())
+
+    async def put(self, key: str, value: bytes) -> None:
+        self._lru.put(key, value, self._clock())
+
+    def describe(self) -> dict[str, Any]:
+        stats = self._lru.stats
+        return {"store": "memory", "entries": stats.entries, "bytes": stats.bytes,
+                "max_bytes": self._lru.max_bytes, "evicted": stats.evicted,
+                "expired": stats.expired, "refused": stats.refused}
+
+
+class RedisStore:
+    """Entries in a Redis server shared by every router replica. Redis bounds the bytes
+    (its ``maxmemory`` with an LRU policy); each entry expires after ``ttl_s``."""
+
+    def __init__(self, url: str, max_entry_bytes: int, ttl_s: float,
+                 timeout_s: float = 0.5):
+        import redis.asyncio as redis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        # No retries: a cache that is down must cost a request one failed call, not a
+        # series of backoffs (redis-py retries three times by default).
+        self._redis = redis.Redis.from_url(url, socket_timeout=timeout_s,
+                                           socket_connect_timeout=timeout_s,
+                                           retry=Retry(NoBackoff(), 0))
+        self._url = url
+        self._max_entry_bytes = max_entry_bytes
+        self._ttl_ms = max(1, int(ttl_s * 1000))
+        self.errors = 0
+
+    async def get(self, key: str) -> bytes | None:
+        try:
+            return await self._redis.get(_redis_key(key))
+        except Exception as error:  # the cache is an optimisation: a miss, never a 500
+            self._failed("get", error)
+            return None
+
+    async def put(self, key: str, value: bytes) -> None:
+        if len(value) > self._max_entry_bytes:
+            return
+        try:
+            await self._redis.set(_redis_key(key), value, px=self._ttl_ms)
+        except Exception as error:
+            self._failed("put", error)
+
+    def describe(self) -> dict[str, Any]:
+        return {"store": "redis", "errors": self.errors}
+
+    def _failed(self, operation: str, error: BaseException) -> None:
+        self.errors += 1
+        RECORDER.inc(m.RESPONSE_CACHE_ERRORS, {"operation": operation})
+        logger.warning("response cache: Redis %s failed (%r); answered as a miss",
+                       operation, error)
+
+
+def _redis_key(key: str) -> str:
+    return f"pdserve:response:{key}"
+
+
+class Recording:
+    """The answer a leading request is computing, aggregated for the store as it streams."""
+
+    def __init__(self, cache: ResponseCache, key: str, done: asyncio.Future):
+        self._cache = cache
+        self._key = key
+        self._done = done
+        self._answer: Any = None
+
+    def add(self, output: Any) -> None:
+        """One ``RequestOutput`` (a delta or the whole answer) passed to the client; when it
+        completes the answer, the entry is stored in the background."""
+        if self._answer is None:
+            self._answer = copy.deepcopy(output)  # the client's copy must stay a delta
+        else:
+            self._answer.add(output, aggregate=True)
+        if output.finished:
+            self._store()
+
+    def close(self) -> None:
+        """The request is over. If its answer was not complete, the requests waiting on it
+        look again (one of them computes it)."""
+        if not self._done.done():
+            self._done.set_result(None)
+            self._cache.forget(self._key, self._done)
+
+    def _store(self) -> None:
+        answer, self._answer = self._answer, None
+        complete = all(choice.finish_reason in COMPLETE for choice in answer.outputs)
+        if not complete:
+            return
+        self._cache.store_later(self._key, encode_output(answer), self._done)
+
+
+class ResponseCache:
+    """One model version's response cache in one router replica."""
+
+    def __init__(self, store: CacheStore, version: str, fingerprint: str):
+        self._store = store
+        self._version = version
+        self._fingerprint = fingerprint
+        self._in_flight: dict[str, asyncio.Future] = {}
+        self._tasks: set[asyncio.Task] = set()
+
+    def key_for(self, tenant: str, token_ids: Sequence[int], sampling: Any,
+                extras: dict[str, Any]) -> str | None:
+        """The entry's key for this request; None when its answer must not be cached."""
+        if bypass_reason(sampling) is not None:
+            return None
+        try:
+            canonical = canonical_request(token_ids, sampling, extras)
+        except Unkeyable:
+            return None
+        return cache_key(self._fingerprint, tenant, canonical)
+
+    async def lookup_or_lead(self, key: str) -> tuple[dict | None, Recording | None]:
+        """(the stored answer, None) on a hit; else (None, a ``Recording``) for the caller
+        to compute and record. An identical request already computing is waited for
+        first: identical requests in flight at once compute once."""
+        while True:
+            entry = await self._store.get(key)
+            if entry is not None:
+                return decode_output(entry), None
+            leader = self._in_flight.get(key)
+            if leader is None:
+                done = asyncio.get_running_loop().create_future()
+                self._in_flight[key] = done
+                return None, Recording(self, key, done)
+            answer = await asyncio.shield(leader)
+            if answer is not None:
+                return answer, None  # stored or not (too large, a store down): the same
+            # The leader's answer is not complete (it failed, or its client left): look
+            # again, where one of the waiters becomes the leader.
+
+    def store_later(self, key: str, entry: bytes, done: asyncio.Future) -> None:
+        """Wake the requests waiting on ``key`` with ``entry`` and store it in the
+        background (the leader's stream does not wait for the store). Until it is stored,
+        a request that arrives finds the answer in flight, already done."""
+        if not done.done():
+            done.set_result(decode_output(entry))
+
+        async def put() -> None:
+            try:
+                await self._store.put(key, entry)
+            finally:
+                self.forget(key, done)
+
+        task = asyncio.ensure_future(put())
+        self._tasks.add(task)  # kept referenced until done
+        task.add_done_callback(self._tasks.discard)
+
+    def forget(self, key: str, done: asyncio.Future) -> None:
+        if self._in_flight.get(key) is done:
+            del self._in_flight[key]
+
+    def count(self, result: str, prompt_tokens: int = 0, generated_tokens: int = 0) -> None:
+        """Count one prompt's cache result; a hit also counts the tokens it saved."""
+        RECORDER.inc(m.RESPONSE_CACHE_REQUESTS, {"version": self._version, "result": result})
+        if result == "hit":
+            tags = {"version": self._version}
+            RECORDER.inc(m.RESPONSE_CACHE_SAVED_TOKENS, {**tags, "kind": "prompt"},
+                          prompt_tokens)
+            RECORDER.inc(m.RESPONSE_CACHE_SAVED_TOKENS, {**tags, "kind": "generation"},
+                          generated_tokens)
+
+    @property
+    def in_flight(self) -> int:
+        """Answers being computed that identical requests may be waiting on."""
+        return len(self._in_flight)
+
+
+def cache_store(config: ResponseCacheConfig) -> CacheStore | None:
+    """The store the config names; None when the cache is off."""
+    if not config.enabled:
+        return None
+    if config.store == "redis":
+        return RedisStore(config.redis_url, config.max_entry_bytes, config.ttl_s)
+    return MemoryStore(config.max_bytes, config.max_entry_bytes, config.ttl_s)
+
+
+def version_fingerprint(version: str, checkpoint: Path) -> str:
+    """What identifies a version's weights: its name, its checkpoint's path and each file's
+    name, size and modification time (a rebuilt or replaced checkpoint changes it, and
+    with it every key: its old entries are never served)."""
+    digest = hashlib.sha256(f"{version}\0{checkpoint.resolve()}\0".encode())
+    if checkpoint.is_dir():
+        for path in sorted(checkpoint.rglob("*")):
+            if path.is_file():
+                stat = path.stat()
+                digest.update(f"{path.relative_to(checkpoint)}\0{stat.st_size}\0"
+                              f"{stat.st_mtime_ns}\0".encode())
+    return digest.hexdigest()
+
+
+# ---- entries ---------------------------------------------------------------------------
+
+def encode_output(output: Any) -> bytes:
+    """A finished ``RequestOutput`` as an entry (JSON; ids and timings left out)."""
+    document = {
+        "prompt_logprobs": _encode_logprobs(output.prompt_logprobs),
+        "num_cached_tokens": output.num_cached_tokens,
+        "outputs": [{
+            "index": choice.index, "text": choice.text,
+            "token_ids": list(choice.token_ids),
+            "cumulative_logprob": choice.cumulative_logprob,
+            "logprobs": _encode_logprobs(choice.logprobs),
+            "finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason,
+        } for choice in output.outputs],
+    }
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def decode_output(entry: bytes) -> dict[str, Any]:
+    return json.loads(entry)
+
+
+def replayed_output(entry: dict[str, Any], request_id: str, prompt_token_ids: list[int]):
+    """The stored answer as this request's one, finished ``RequestOutput``."""
+    from vllm.outputs import CompletionOutput, RequestOutput
+
+    outputs = [CompletionOutput(
+        index=choice["index"], text=choice["text"], token_ids=choice["token_ids"],
+        cumulative_logprob=choice["cumulative_logprob"],
+        logprobs=_decode_logprobs(choice["logprobs"]),
+        finish_reason=choice["finish_reason"], stop_reason=choice["stop_reason"],
+    ) for choice in entry["outputs"]]
+    return RequestOutput(request_id, None, prompt_token_ids,
+                         _decode_logprobs(entry["prompt_logprobs"]), outputs, finished=True,
+                         num_cached_tokens=entry["num_cached_tokens"])
+
+
+def generated_tokens(entry: dict[str, Any]) -> int:
+    return sum(len(choice["token_ids"]) for choice in entry["outputs"])
+
+
+def _encode_logprobs(logprobs: Any) -> list | None:
+    """Per position: None, or [token id, logprob, rank, decoded token] per candidate."""
+    if logprobs is None:
+        return None
+    return [None if position is None else
+            [[token, lp.logprob, lp.rank, lp.decoded_token] for token, lp in position.items()]
+            for position in logprobs]
+
+
+def _decode_logprobs(encoded: list | None) -> list | None:
+    if encoded is None:
+        return None
+    from vllm.logprobs import Logprob
+
+    return [None if position is None else
+            {token: Logprob(logprob, rank, decoded) for token, logprob, rank, decoded
+             in position}
+            for position in encoded]
