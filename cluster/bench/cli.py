@@ -103,6 +103,9 @@ def _workload_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peak-factor", type=float, default=1.0)
     parser.add_argument("--peak-window", default=None, help="START,END seconds into the run")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeat-fraction", type=float, default=0.0,
+                        help="share of requests that repeat an earlier request exactly "
+                             "(what a response cache can answer)")
     parser.add_argument("--tokenizer", default=None,
                         help="HF tokenizer dir used to size prompts (default: ~4 chars/token)")
     parser.add_argument("--ttft-slo", type=float, default=None,
@@ -131,6 +134,7 @@ def _spec(args, workload: str | None = None, rate: float | None = None,
         name=workload or args.workload, rate=rate or args.rate, num_requests=args.num_requests,
         seed=args.seed, scale=args.scale, peak_factor=args.peak_factor, peak_window=window,
         long_fraction=args.long_fraction, max_model_len=max_model_len,
+        repeat_fraction=getattr(args, "repeat_fraction", 0.0),
     )
 
 

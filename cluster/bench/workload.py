@@ -103,7 +103,12 @@ class WorkloadSpec:
     long_fraction: float = 0.1  # interference: share of 4-8K-token prompts
     max_model_len: int = MAX_PROMPT_TOKENS + 1024
     shared_prefix_tokens: int = 0  # >0: every prompt starts with the same text
+    repeat_fraction: float = 0.0  # share of requests that repeat an earlier one exactly
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.repeat_fraction < 1:
+            raise ValueError(f"repeat_fraction must be in [0, 1), not {self.repeat_fraction}")
 
 
 def arrival_times(spec: WorkloadSpec, rng: random.Random) -> list[float]:
@@ -163,8 +168,17 @@ def plan(spec: WorkloadSpec, count_tokens: Callable[[str], int]) -> list[Planned
             build_prompt(-1, spec.shared_prefix_tokens, random.Random(spec.seed + 1), count_tokens)
             + "\n"
         )
-    requests = []
+    requests: list[PlannedRequest] = []
+    # Its own random stream: the arrival times stay those of the workload without repeats.
+    repeats = random.Random(spec.seed + 2)
     for index, send_at in enumerate(arrival_times(spec, rng)):
+        if requests and repeats.random() < spec.repeat_fraction:
+            # A user asking what someone asked before (a response cache's hit).
+            earlier = repeats.choice(requests)
+            requests.append(PlannedRequest(index, send_at, earlier.prompt,
+                                           earlier.prompt_tokens, earlier.max_tokens,
+                                           earlier.kind))
+            continue
         prompt_tokens, output_tokens, kind = _lengths(spec, rng)
         prompt_tokens = max(8, round(prompt_tokens * spec.scale))
         output_tokens = max(1, round(output_tokens * spec.scale))

@@ -26,6 +26,25 @@ def test_plan_is_seeded_and_prompts_are_distinct():
     assert plan(WorkloadSpec(num_requests=40, seed=4, scale=0.1), count_bytes) != first
 
 
+def test_a_repeat_fraction_repeats_earlier_requests_exactly_at_the_same_arrivals():
+    fresh = plan(WorkloadSpec(num_requests=200, seed=5, scale=0.1), count_bytes)
+    mixed = plan(WorkloadSpec(num_requests=200, seed=5, scale=0.1, repeat_fraction=0.3),
+                 count_bytes)
+    assert [r.send_at for r in mixed] == [r.send_at for r in fresh]
+    assert mixed == plan(WorkloadSpec(num_requests=200, seed=5, scale=0.1,
+                                      repeat_fraction=0.3), count_bytes)
+    seen: dict[str, tuple[int, int]] = {}
+    repeats = 0
+    for request in mixed:
+        if request.prompt in seen:  # an exact repeat: the same prompt and the same length
+            repeats += 1
+            assert seen[request.prompt] == (request.prompt_tokens, request.max_tokens)
+        seen[request.prompt] = (request.prompt_tokens, request.max_tokens)
+    assert 40 <= repeats <= 80          # ~30% of 200
+    with pytest.raises(ValueError, match="repeat_fraction"):
+        WorkloadSpec(repeat_fraction=1.0)
+
+
 def test_prompts_are_text_of_the_recorded_length():
     for request in plan(WorkloadSpec(num_requests=30, seed=1, scale=0.2), count_bytes):
         assert count_bytes(request.prompt) == request.prompt_tokens
