@@ -10,6 +10,7 @@ id while vLLM's layer runs it, so ``generate`` finds its admission and metrics.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
 from typing import Any
@@ -17,10 +18,18 @@ from typing import Any
 from cluster.engine.messages import EngineRequest
 from router.disaggregation import Route, choose_path
 from router.errors import APIError
-from router.flow import DisaggregatedFlow
+from router.flow import DisaggregatedFlow, continuation
 from router.lifecycle import RequestLifecycle
 from router.protocol import check_token_ids
-from router.response_cache import ResponseCache, generated_tokens, replayed_output
+from router.response_cache import (
+    LeaderGone,
+    Recording,
+    ResponseCache,
+    generated_tokens,
+    replayed_output,
+)
+
+logger = logging.getLogger(__name__)
 
 
 def request_key(request_id: str) -> str:
@@ -117,26 +126,64 @@ class PDEngineClient:
     async def _through_cache(self, key: str, lifecycle: RequestLifecycle,
                              request: EngineRequest, cost: int,
                              route: Route) -> AsyncIterator[Any]:
-        """The stored answer (a hit: the pools and admission are spared), else the pools'
-        answer, recorded for the next identical request (an identical one already in
-        flight is waited for: single flight)."""
+        """The stored answer (a hit: the pools and admission are spared), or the outputs of
+        an identical request computing it now, streamed as they come (single flight),
+        else the pools' answer, recorded for the identical requests to come."""
+        from vllm.sampling_params import RequestOutputKind
+
         prompt = list(request.prompt_token_ids)
-        entry, recording = await self.cache.lookup_or_lead(key)
-        if entry is not None:
+        lookup = await self.cache.lookup(key)
+        if lookup.entry is not None:
             lifecycle.cache_result("hit")
             lifecycle.served_from_cache(len(prompt))
-            self.cache.count("hit", len(prompt), generated_tokens(entry))
-            yield replayed_output(entry, request.request_id, prompt)
+            self.cache.count("hit", len(prompt), generated_tokens(lookup.entry))
+            yield replayed_output(lookup.entry, request.request_id, prompt)
+            return
+        if lookup.leader is not None:
+            deltas = request.sampling.output_kind == RequestOutputKind.DELTA
+            async for output in self._follow(lookup.leader, lifecycle, request, deltas):
+                yield output
             return
         lifecycle.cache_result("miss")
         self.cache.count("miss")
         try:
             async with aclosing(self._run(lifecycle, request, cost, route)) as outputs:
                 async for output in outputs:
-                    recording.add(output)
+                    lookup.recording.add(output)
                     yield output
         finally:
-            recording.close()
+            lookup.recording.close()
+
+    async def _follow(self, leader: Recording, lifecycle: RequestLifecycle,
+                      request: EngineRequest, deltas: bool) -> AsyncIterator[Any]:
+        """An identical request's outputs as they come. If it stops short (its client
+        left, its pools failed it), this request goes on by itself: from its start if it
+        has passed nothing on yet, else as a continuation of the tokens it passed on (as
+        a migrated stream does: exact for greedy answers)."""
+        prompt = list(request.prompt_token_ids)
+        lifecycle.cache_result("hit")
+        lifecycle.served_from_cache(len(prompt))
+        sent: list[int] = []
+        try:
+            async with aclosing(leader.follow(request.request_id, deltas)) as outputs:
+                async for output in outputs:
+                    sent.extend(output.outputs[0].token_ids)
+                    yield output
+            self.cache.count("hit", len(prompt), len(sent))
+            return
+        except LeaderGone:
+            pass
+        logger.info("request %s: the identical request it followed stopped after %d "
+                    "tokens; it goes on by itself", request.request_id, len(sent))
+        lifecycle.cache_result("miss")  # what a unary answer's header will say
+        rest = continuation(request, sent, attempt=1) if sent else request
+        route = self.route(list(rest.prompt_token_ids), rest.sampling)
+        cost = len(rest.prompt_token_ids) + rest.sampling.max_tokens
+        async with aclosing(self._run(lifecycle, rest, cost, route)) as outputs:
+            async for output in outputs:
+                output.prompt_token_ids = prompt
+                output.request_id = request.request_id
+                yield output
 
     async def _run(self, lifecycle: RequestLifecycle, request: EngineRequest, cost: int,
                    route: Route) -> AsyncIterator[Any]:

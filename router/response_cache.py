@@ -22,7 +22,8 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -120,38 +121,90 @@ def _redis_key(key: str) -> str:
     return f"pdserve:response:{key}"
 
 
-class Recording:
-    """The answer a leading request is computing, aggregated for the store as it streams."""
+class LeaderGone(Exception):
+    """The request a follower was streaming from ended before its answer did (its client
+    left, or its pools failed it)."""
 
-    def __init__(self, cache: ResponseCache, key: str, done: asyncio.Future):
+
+class Recording:
+    """The answer a leading request is computing: kept as it streams, for the requests that
+    follow it (identical ones that arrived meanwhile) and, once complete, for the store."""
+
+    def __init__(self, cache: ResponseCache, key: str):
         self._cache = cache
         self._key = key
-        self._done = done
-        self._answer: Any = None
+        self._outputs: list[Any] = []     # what the leader's client got, in order
+        self._answer: Any = None          # the same, aggregated for the store
+        self._ended = False               # the leader stopped: finished, failed or left
+        self._news = asyncio.Event()      # set (and replaced) when either changes
 
     def add(self, output: Any) -> None:
-        """One ``RequestOutput`` (a delta or the whole answer) passed to the client; when it
-        completes the answer, the entry is stored in the background."""
+        """One ``RequestOutput`` (a delta or the whole answer) passed to the leader's
+        client; when it completes the answer, the entry is stored in the background."""
+        self._outputs.append(output)
         if self._answer is None:
             self._answer = copy.deepcopy(output)  # the client's copy must stay a delta
         else:
             self._answer.add(output, aggregate=True)
         if output.finished:
+            self._ended = True
             self._store()
+        self._wake()
 
     def close(self) -> None:
-        """The request is over. If its answer was not complete, the requests waiting on it
-        look again (one of them computes it)."""
-        if not self._done.done():
-            self._done.set_result(None)
-            self._cache.forget(self._key, self._done)
+        """The leader is over. Followers whose answer is not complete go on without it."""
+        if not self._ended:
+            self._ended = True
+            self._cache.forget(self._key, self)
+            self._wake()
+
+    async def follow(self, request_id: str, deltas: bool) -> AsyncIterator[Any]:
+        """The leader's outputs under ``request_id``: as they come when ``deltas``, else
+        one final output. Raises ``LeaderGone`` if the leader stops short of its end."""
+        index, merged = 0, None
+        while True:
+            news = self._news  # taken before looking: an output added after wakes it
+            while index < len(self._outputs):
+                output = copy.deepcopy(self._outputs[index])
+                index += 1
+                output.request_id = request_id
+                if not deltas:
+                    merged = output if merged is None else _merged(merged, output)
+                    output = merged
+                if output.finished:
+                    yield output
+                    return
+                if deltas:
+                    yield output
+            if self._ended:
+                raise LeaderGone(f"the answer being computed for {self._key[:12]} stopped")
+            await news.wait()
+
+    def _wake(self) -> None:
+        self._news.set()
+        self._news = asyncio.Event()
 
     def _store(self) -> None:
         answer, self._answer = self._answer, None
-        complete = all(choice.finish_reason in COMPLETE for choice in answer.outputs)
-        if not complete:
-            return
-        self._cache.store_later(self._key, encode_output(answer), self._done)
+        if all(choice.finish_reason in COMPLETE for choice in answer.outputs):
+            self._cache.store_later(self._key, encode_output(answer), self)
+        else:
+            self._cache.forget(self._key, self)
+
+
+def _merged(merged: Any, output: Any) -> Any:
+    merged.add(output, aggregate=True)
+    return merged
+
+
+@dataclass
+class Lookup:
+    """What the cache has for a request: a stored answer (``entry``), an identical request
+    computing it now (``leader``, to follow), or neither (``recording``: compute it)."""
+
+    entry: dict | None = None
+    leader: Recording | None = None
+    recording: Recording | None = None
 
 
 class ResponseCache:
@@ -161,7 +214,7 @@ class ResponseCache:
         self._store = store
         self._version = version
         self._fingerprint = fingerprint
-        self._in_flight: dict[str, asyncio.Future] = {}
+        self._in_flight: dict[str, Recording] = {}
         self._tasks: set[asyncio.Task] = set()
 
     def key_for(self, tenant: str, token_ids: Sequence[int], sampling: Any,
@@ -175,44 +228,37 @@ class ResponseCache:
             return None
         return cache_key(self._fingerprint, tenant, canonical)
 
-    async def lookup_or_lead(self, key: str) -> tuple[dict | None, Recording | None]:
-        """(the stored answer, None) on a hit; else (None, a ``Recording``) for the caller
-        to compute and record. An identical request already computing is waited for
-        first: identical requests in flight at once compute once."""
-        while True:
-            entry = await self._store.get(key)
-            if entry is not None:
-                return decode_output(entry), None
-            leader = self._in_flight.get(key)
-            if leader is None:
-                done = asyncio.get_running_loop().create_future()
-                self._in_flight[key] = done
-                return None, Recording(self, key, done)
-            answer = await asyncio.shield(leader)
-            if answer is not None:
-                return answer, None  # stored or not (too large, a store down): the same
-            # The leader's answer is not complete (it failed, or its client left): look
-            # again, where one of the waiters becomes the leader.
+    async def lookup(self, key: str) -> Lookup:
+        """A request computing ``key`` in this replica is followed (single flight: its
+        outputs stream to every identical request that arrives meanwhile); else the
+        store's entry; else the caller leads, recording what it computes."""
+        leader = self._in_flight.get(key)
+        if leader is not None:
+            return Lookup(leader=leader)
+        entry = await self._store.get(key)
+        if entry is not None:
+            return Lookup(entry=decode_output(entry))
+        leader = self._in_flight.get(key)  # one may have started while the store answered
+        if leader is not None:
+            return Lookup(leader=leader)
+        recording = self._in_flight[key] = Recording(self, key)
+        return Lookup(recording=recording)
 
-    def store_later(self, key: str, entry: bytes, done: asyncio.Future) -> None:
-        """Wake the requests waiting on ``key`` with ``entry`` and store it in the
-        background (the leader's stream does not wait for the store). Until it is stored,
-        a request that arrives finds the answer in flight, already done."""
-        if not done.done():
-            done.set_result(decode_output(entry))
-
+    def store_later(self, key: str, entry: bytes, recording: Recording) -> None:
+        """Store ``entry`` in the background (the leader's stream does not wait for it).
+        Until it is stored, a request that arrives follows the finished recording."""
         async def put() -> None:
             try:
                 await self._store.put(key, entry)
             finally:
-                self.forget(key, done)
+                self.forget(key, recording)
 
         task = asyncio.ensure_future(put())
         self._tasks.add(task)  # kept referenced until done
         task.add_done_callback(self._tasks.discard)
 
-    def forget(self, key: str, done: asyncio.Future) -> None:
-        if self._in_flight.get(key) is done:
+    def forget(self, key: str, recording: Recording) -> None:
+        if self._in_flight.get(key) is recording:
             del self._in_flight[key]
 
     def count(self, result: str, prompt_tokens: int = 0, generated_tokens: int = 0) -> None:

@@ -46,19 +46,23 @@ WHOLE_IDS = [10, 20, 11, 20, 12, 20]
 
 
 class GatedFlow(FakeFlow):
-    """A fake flow that holds its first delta until ``release`` is set; its first
-    ``failing_calls`` calls fail after one delta."""
+    """A fake flow whose first call holds its first delta until ``release`` is set and the
+    rest until ``resume`` is; its first ``failing_calls`` calls fail after one delta."""
 
     def __init__(self, failing_calls: int = 0):
         super().__init__()
-        self.release = asyncio.Event()
+        self.release, self.resume = asyncio.Event(), asyncio.Event()
         self.failing_calls = failing_calls
 
     async def generate(self, request, route, one_piece=False, on_prefilled=lambda: None):
         self.calls.append((request, route))
+        first_call = len(self.calls) == 1
         fails = len(self.calls) <= self.failing_calls
-        await self.release.wait()
+        if first_call:
+            await self.release.wait()
         for step in range(self.steps):
+            if step == 1 and first_call:
+                await self.resume.wait()
             if fails and step == 1:
                 raise ConnectionError("decode replica died")
             yield delta(request.request_id, step, self.steps, self.choices)
@@ -79,16 +83,21 @@ class Router:
         self.observers: dict[str, RecordingObserver] = {}
         self._next = 0
 
-    async def ask(self, sampling, prompt=PROMPT, tenant="key:a") -> tuple[str, list]:
-        """One request (a fresh id) to the end: its id and the outputs vLLM's layer got."""
+    async def ask(self, sampling, prompt=PROMPT, tenant="key:a",
+                  on_output=lambda output: None) -> tuple[str, list]:
+        """One request (a fresh id) to the end: its id and the outputs vLLM's layer got
+        (each passed to ``on_output`` as it comes)."""
         self._next += 1
         key = f"{self._next:08x}"
         observer = RecordingObserver()
         lifecycle = RequestLifecycle(self.gate, f"chatcmpl-{key}", observer, tenant)
         self.client.register(key, lifecycle)
         self.lifecycles[key], self.observers[key] = lifecycle, observer
-        outputs = [output async for output in self.client.generate(
-            {"prompt_token_ids": prompt}, sampling, f"chatcmpl-{key}")]
+        outputs = []
+        async for output in self.client.generate({"prompt_token_ids": prompt}, sampling,
+                                                 f"chatcmpl-{key}"):
+            on_output(output)
+            outputs.append(output)
         self.client.unregister(key)
         return key, outputs
 
@@ -109,11 +118,18 @@ def whole(outputs: list) -> tuple[str, list[int], str | None]:
     return text, ids, outputs[-1].outputs[0].finish_reason
 
 
+async def stored(router: Router) -> None:
+    """Until the entries being stored in the background are in the store."""
+    await eventually(lambda: not router.cache._tasks)
+
+
 def test_a_greedy_stream_is_computed_once_then_replayed_under_the_new_id():
     router = Router()
 
     async def twice():
-        return await router.ask(greedy()), await router.ask(greedy())
+        first = await router.ask(greedy())
+        await stored(router)
+        return first, await router.ask(greedy())
 
     (first, computed), (second, replayed) = asyncio.run(twice())
     assert router.result(first) == "miss" and router.result(second) == "hit"
@@ -135,8 +151,10 @@ def test_a_streamed_answer_is_replayed_to_a_unary_request_and_the_reverse():
 
     async def both_ways():
         await router.ask(greedy())
+        await stored(router)
         _, whole_answer = await router.ask(unary)
         await router.ask(unary, prompt=[1, 1])
+        await stored(router)
         _, streamed = await router.ask(greedy(), prompt=[1, 1])
         return whole_answer, streamed
 
@@ -177,42 +195,105 @@ def test_another_tenants_or_another_requests_answer_is_never_replayed(other):
     assert router.result(key) == "miss" and len(router.flow.calls) == 2
 
 
-def test_identical_requests_in_flight_at_once_compute_once():
+def test_identical_requests_in_flight_at_once_compute_once_and_stream_as_it_comes():
     router = Router(GatedFlow())
+    firsts: dict[int, str] = {}
+
+    async def ask_and_note_the_first(index: int):
+        key = await router.ask(greedy(), on_output=lambda output: firsts.setdefault(
+            index, output.outputs[0].text))
+        return key
 
     async def at_once():
-        tasks = [asyncio.ensure_future(router.ask(greedy())) for _ in range(5)]
+        tasks = [asyncio.ensure_future(ask_and_note_the_first(i)) for i in range(5)]
         await eventually(lambda: len(router.flow.calls) == 1)
-        for _ in range(20):
-            await asyncio.sleep(0)  # the followers reach their wait
-        assert len(router.flow.calls) == 1
         router.flow.release.set()
+        # every request, followers too, has its first delta while the leader still works
+        await eventually(lambda: len(firsts) == 5)
+        assert set(firsts.values()) == {"s0c0"} and len(router.flow.calls) == 1
+        router.flow.resume.set()
         return [await settled(task) for task in tasks]
 
     answers = asyncio.run(at_once())
     assert len(router.flow.calls) == 1 and len(router.gate.acquired) == 1
     assert sorted(router.result(key) for key, _ in answers) == ["hit"] * 4 + ["miss"]
     assert all(whole(outputs) == (WHOLE_TEXT, WHOLE_IDS, "length") for _, outputs in answers)
+    assert len({id(outputs[0]) for _, outputs in answers}) == 5    # each its own objects
 
 
-def test_when_the_request_computing_fails_one_waiting_request_computes_it():
+def test_a_unary_request_following_a_stream_gets_it_whole():
+    router = Router(GatedFlow())
+
+    async def at_once():
+        leader = asyncio.ensure_future(router.ask(greedy()))
+        await eventually(lambda: len(router.flow.calls) == 1)
+        follower = asyncio.ensure_future(router.ask(greedy(RequestOutputKind.FINAL_ONLY)))
+        router.flow.release.set()
+        router.flow.resume.set()
+        return await settled(leader), await settled(follower)
+
+    _, (key, outputs) = asyncio.run(at_once())
+    assert router.result(key) == "hit" and len(router.flow.calls) == 1
+    assert len(outputs) == 1 and whole(outputs) == (WHOLE_TEXT, WHOLE_IDS, "length")
+
+
+def test_when_the_request_computing_fails_its_followers_go_on_by_themselves():
     flow = GatedFlow(failing_calls=1)
     router = Router(flow)
 
     async def at_once():
-        tasks = [asyncio.ensure_future(router.ask(greedy())) for _ in range(3)]
+        tasks = [asyncio.ensure_future(router.ask(greedy())) for _ in range(2)]
         await eventually(lambda: len(flow.calls) == 1)
-        for _ in range(20):
-            await asyncio.sleep(0)
+        unary = asyncio.ensure_future(router.ask(greedy(RequestOutputKind.FINAL_ONLY)))
+        await eventually(lambda: len(router.client.cache._in_flight) == 1)
         flow.release.set()
-        return await asyncio.gather(*tasks, return_exceptions=True)
+        for _ in range(20):
+            await asyncio.sleep(0)   # the followers pass the first delta on
+        flow.resume.set()            # and the leader fails
+        return await asyncio.gather(*tasks, unary, return_exceptions=True)
 
-    answers = asyncio.run(at_once())
-    assert isinstance(answers[0], ConnectionError)
-    assert len(flow.calls) == 2          # the leader, then one follower; the other waited
-    served = [answer for answer in answers if not isinstance(answer, BaseException)]
-    assert sorted(router.result(key) for key, _ in served) == ["hit", "miss"]
-    assert all(whole(outputs)[0] == WHOLE_TEXT for _, outputs in served)
+    leader, streamed, unary = asyncio.run(at_once())
+    assert isinstance(leader, ConnectionError)
+    requests = [request for request, _ in flow.calls[1:]]
+    # the stream that had passed the first delta on continues from it, exactly like a
+    # migrated stream; the unary request, which had passed nothing on, starts over
+    continued = [r for r in requests if r.prompt_token_ids == (*PROMPT, 10, 20)]
+    restarted = [r for r in requests if r.prompt_token_ids == tuple(PROMPT)]
+    assert len(continued) == 1 and continued[0].sampling.max_tokens == 6 - 2
+    assert len(restarted) == 1 and restarted[0].sampling.max_tokens == 6
+    key, outputs = streamed
+    assert whole(outputs)[0] == "s0c0" + WHOLE_TEXT   # the fake flow's text, continued
+    assert all(output.request_id == f"chatcmpl-{key}" for output in outputs)
+    assert all(output.prompt_token_ids == PROMPT for output in outputs)
+    key, outputs = unary
+    assert whole(outputs) == (WHOLE_TEXT, WHOLE_IDS, "length")
+    assert router.result(key) == "miss"
+
+
+def test_when_the_leaders_client_leaves_its_follower_goes_on_from_where_it_was():
+    flow = GatedFlow()
+    router = Router(flow)
+
+    async def leader_leaves():
+        key = "0000abcd"
+        router.client.register(key, RequestLifecycle(router.gate, f"chatcmpl-{key}",
+                                                     RecordingObserver(), "key:a"))
+        leader = router.client.generate({"prompt_token_ids": PROMPT}, greedy(),
+                                        f"chatcmpl-{key}")
+        first = asyncio.ensure_future(anext(leader))
+        await eventually(lambda: len(flow.calls) == 1)
+        follower = asyncio.ensure_future(router.ask(greedy()))
+        flow.release.set()
+        await settled(first)
+        for _ in range(20):
+            await asyncio.sleep(0)   # the follower passes the first delta on
+        await leader.aclose()        # the leader's client is gone
+        return await settled(follower)
+
+    _, outputs = asyncio.run(leader_leaves())
+    assert whole(outputs)[0] == "s0c0" + WHOLE_TEXT
+    assert flow.calls[1][0].prompt_token_ids == (*PROMPT, 10, 20)
+    assert len(router.gate.released) == len(router.gate.acquired) == 2   # budget balanced
 
 
 def test_an_answer_the_client_left_before_its_end_is_not_stored():
@@ -278,7 +359,7 @@ def test_two_routers_share_answers_through_redis(redis_url):
 
     async def across():
         computed = await first.ask(greedy())
-        await eventually(lambda: not first.cache._tasks)   # stored in the background
+        await stored(first)
         return computed, await second.ask(greedy())
 
     (miss, computed), (hit, replayed) = asyncio.run(across())
@@ -296,7 +377,7 @@ def test_a_store_that_is_down_is_a_miss_never_a_failure(redis_url):
 
     async def twice():
         first = await router.ask(greedy())
-        await eventually(lambda: not router.cache._tasks)  # its store was tried (and failed)
+        await stored(router)  # tried, and failed
         return first, await router.ask(greedy())
 
     (first, outputs), (second, _) = asyncio.run(twice())
