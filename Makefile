@@ -1,6 +1,8 @@
 # The two commands of the README. Both install what they need first (scripts/bootstrap.sh).
 CONFIG ?= ray_configs/local.yaml
 PYTEST_ARGS ?=
+# The slowest tests of each run, so that a CI log says where its time went.
+DURATIONS := --durations=15
 VENV := .venv
 
 .PHONY: setup run test test-multinode faults unit component lint model clean
@@ -15,9 +17,9 @@ run: setup
 # the others, never beside.
 test: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -ra -m "not multinode and not faults" $(PYTEST_ARGS)
-	$(VENV)/bin/python -m pytest -ra -m faults $(PYTEST_ARGS)
-	$(VENV)/bin/python -m pytest -ra -m multinode $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -ra $(DURATIONS) -m "not multinode and not faults" $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -ra $(DURATIONS) -m faults $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -ra $(DURATIONS) -m multinode $(PYTEST_ARGS)
 
 # Faults injected into a running cluster (tests/integration/test_faults.py).
 faults: setup
