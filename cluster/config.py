@@ -423,16 +423,13 @@ class CanaryConfig(StrictModel):
         return steps
 
 
-class PrefillRoutingConfig(StrictModel):
-    """How the prefill pool's router weighs prefix-cache affinity against queued work
-    (``router/replica_choice.py``; the block size is ``engine.block_size``)."""
+class PoolRoutingConfig(StrictModel):
+    """What both pools' routers share: the prefix index that says which replica's prefix
+    cache holds a prompt's head, and when a load report is too old to trust."""
 
     max_blocks: int = Field(
         64, ge=0, description="leading KV blocks of a prompt hashed for affinity (bounds "
         "the router's work per request)")
-    max_imbalance_tokens: int = Field(
-        4096, ge=0, description="most queued prefill tokens a replica holding the prompt's "
-        "prefix may have beyond the shortest queue and still be preferred for it")
     index_capacity: int = Field(
         100_000, ge=1, description="KV blocks of prefixes the router remembers; size it "
         "around the pool's total prefix-cache blocks")
@@ -440,9 +437,19 @@ class PrefillRoutingConfig(StrictModel):
         5.0, gt=0, description="a replica whose last load report is older ranks last")
 
 
-class DecodeRoutingConfig(StrictModel):
+class PrefillRoutingConfig(PoolRoutingConfig):
+    """How the prefill pool's router weighs prefix-cache affinity against queued work
+    (``router/replica_choice.py``; the block size is ``engine.block_size``)."""
+
+    max_imbalance_tokens: int = Field(
+        4096, ge=0, description="most queued prefill tokens a replica holding the prompt's "
+        "prefix may have beyond the shortest queue and still be preferred for it")
+
+
+class DecodeRoutingConfig(PoolRoutingConfig):
     """How the decode pool's router picks the least loaded replica (the share of sequence
-    slots in use, of the engine's ``max_num_seqs``, plus weighted KV-cache use)."""
+    slots in use, of the engine's ``max_num_seqs``, plus weighted KV-cache use), less the
+    prefix affinity of a replica that holds the prompt's head."""
 
     kv_weight: float = Field(
         1.0, ge=0, description="weight of KV-cache use against the share of sequence slots "
@@ -450,8 +457,11 @@ class DecodeRoutingConfig(StrictModel):
     kv_high_water: float = Field(
         0.95, gt=0, le=1, description="KV-cache use above which a replica ranks after the "
         "others (another sequence there would force preemption)")
-    stale_after_s: float = Field(
-        5.0, gt=0, description="a replica whose last load report is older ranks last")
+    prefix_affinity_slots: float = Field(
+        1.0, ge=0, description="what holding a prompt's whole head in its prefix cache is "
+        "worth to a replica, in sequence slots (it pulls only the rest over NIXL); below "
+        "the load terms: a stream goes at most this many streams past the least loaded "
+        "replica (0: no affinity)")
 
 
 class RoutingConfig(StrictModel):

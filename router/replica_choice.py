@@ -10,7 +10,11 @@ work; beyond ``max_imbalance_tokens`` of extra queue the bonus is dropped altoge
 
 Decode. Least loaded by reported KV-cache use and running/waiting sequences, relative to the
 engine's ``max_num_seqs``; a replica whose KV cache is above a high-water mark goes last
-(another stream there would push it into preemption).
+(another stream there would push it into preemption). A decode engine pulls over NIXL only
+the blocks its prefix cache lacks, so a replica believed to hold the prompt's head (it was
+sent that prefix last) gets a bonus for the transfer it saves: the share of the prompt it
+holds, worth at most ``affinity_slots`` sequence slots. The bonus sits below the load
+terms: a stream goes to a replica at most that many streams busier than the least loaded.
 
 Both. Replicas report their load periodically (Serve's routing stats, ~1 s), so a burst
 routed between two reports would all see the same numbers and pile onto one replica. The
@@ -347,13 +351,21 @@ class DecodePolicy:
     kv_high_water: float              # above this, a replica is ranked after the others
     default_max_num_seqs: int         # when a replica does not report its own
     stale_after_s: float              # a report older than this ranks its replica last
+    affinity_slots: float = 0.0       # a replica holding the whole prompt: this many slots
+    block_size: int = 16              # the engines' KV block size (prefixes are hashed in it)
+    max_blocks: int = 64              # leading blocks hashed per prompt
+    index_capacity: int = 100_000     # blocks remembered by the decode PrefixIndex
 
     @classmethod
-    def from_config(cls, config: DecodeRoutingConfig, max_num_seqs: int) -> DecodePolicy:
+    def from_config(cls, config: DecodeRoutingConfig, max_num_seqs: int,
+                    block_size: int = 16) -> DecodePolicy:
         """The policy of ``router.routing.decode`` for engines of ``max_num_seqs`` (what the
-        pool's engines run with; replicas report their own, this covers the first second)."""
+        pool's engines run with; replicas report their own, this covers the first second)
+        and KV blocks of ``block_size``."""
         return cls(kv_weight=config.kv_weight, kv_high_water=config.kv_high_water,
-                   default_max_num_seqs=max_num_seqs, stale_after_s=config.stale_after_s)
+                   default_max_num_seqs=max_num_seqs, stale_after_s=config.stale_after_s,
+                   affinity_slots=config.prefix_affinity_slots, block_size=block_size,
+                   max_blocks=config.max_blocks, index_capacity=config.index_capacity)
 
 
 def decode_score(load: ReplicaLoad, policy: DecodePolicy) -> float:
@@ -366,16 +378,32 @@ def decode_score(load: ReplicaLoad, policy: DecodePolicy) -> float:
     return load.sequences / max_num_seqs + policy.kv_weight * load.kv_usage
 
 
+def affinity_bonus(load: ReplicaLoad, matched_blocks: int, prompt_tokens: int,
+                   policy: DecodePolicy) -> float:
+    """What holding ``matched_blocks`` of a ``prompt_tokens`` prompt is worth, in the units
+    of ``decode_score``: the share of the prompt's KV the pull would not move, times
+    ``affinity_slots`` sequence slots."""
+    if prompt_tokens <= 0 or matched_blocks <= 0 or policy.affinity_slots <= 0:
+        return 0.0
+    held = min(matched_blocks * policy.block_size, prompt_tokens) / prompt_tokens
+    return held * policy.affinity_slots / (load.max_num_seqs or policy.default_max_num_seqs)
+
+
 def rank_decode(
-    loads: Sequence[ReplicaLoad], policy: DecodePolicy, rng: random.Random | None = None
+    loads: Sequence[ReplicaLoad], policy: DecodePolicy, rng: random.Random | None = None,
+    matched_blocks: Mapping[ReplicaId, int] | None = None, prompt_tokens: int = 0,
 ) -> tuple[ReplicaId, ...]:
-    """Every candidate, least loaded first; above the KV high-water mark next; stale
-    after them; a replica whose engine died last of all."""
+    """Every candidate, least loaded first (less the prefix-affinity bonus of the blocks
+    ``matched_blocks`` says a replica holds of this ``prompt_tokens`` prompt; a tie goes
+    to the larger bonus); above the KV high-water mark next; stale after them; a replica
+    whose engine died last of all."""
     tie = _tie_breaks(loads, rng)
+    matched = matched_blocks or {}
 
     def key(load: ReplicaLoad):
         full = load.kv_usage >= policy.kv_high_water
-        return (load.dead, load.stale, full, decode_score(load, policy),
+        bonus = affinity_bonus(load, matched.get(load.replica_id, 0), prompt_tokens, policy)
+        return (load.dead, load.stale, full, decode_score(load, policy) - bonus, -bonus,
                 tie[load.replica_id])
 
     return tuple(load.replica_id for load in sorted(loads, key=key))

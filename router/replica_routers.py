@@ -251,20 +251,43 @@ class PrefillRequestRouter(_EngineRouter):
 
 
 class DecodeRequestRouter(_EngineRouter):
-    """Least loaded by KV use and sequences (``rank_decode``)."""
+    """Least loaded by KV use and sequences, less a prefix-affinity bonus (``rank_decode``).
+
+    The affinity index records the prompts sent to each replica: whichever path filled it
+    (pulled from a prefill engine or prefilled locally), the prompt's blocks end up in that
+    engine's prefix cache."""
 
     policy: DecodePolicy
 
-    def initialize_state(self, *, max_num_seqs: int, **routing: Any) -> None:
-        """``request_router_kwargs``: the engines' ``max_num_seqs`` and the fields of
-        ``router.routing.decode`` (those left out take the config's defaults)."""
+    def initialize_state(self, *, max_num_seqs: int, block_size: int = 16,
+                         **routing: Any) -> None:
+        """``request_router_kwargs``: the engines' ``max_num_seqs`` and KV ``block_size``
+        and the fields of ``router.routing.decode`` (those left out take the config's
+        defaults)."""
         routing.pop(CODE_DIGEST_KEY, None)
         config = DecodeRoutingConfig.model_validate(routing)
-        self.policy = DecodePolicy.from_config(config, max_num_seqs)
+        self.policy = DecodePolicy.from_config(config, max_num_seqs, block_size)
+        self._index = PrefixIndex(self.policy.index_capacity)
         logger.info("decode router for %s: %s", self._deployment_id, self.policy)
 
+    def _hashes(self, request: EngineRequest) -> tuple[int, ...]:
+        return prefix_block_hashes(request.prompt_token_ids, self.policy.block_size,
+                                   self.policy.max_blocks)
+
     def _rank(self, request: EngineRequest | None, loads: list[ReplicaLoad]) -> tuple[str, ...]:
-        return rank_decode(loads, self.policy, self._rng)
+        if request is None or self.policy.affinity_slots <= 0:
+            return rank_decode(loads, self.policy, self._rng)
+        matched = self._index.match(self._hashes(request))
+        return rank_decode(loads, self.policy, self._rng, matched,
+                           len(request.prompt_token_ids))
+
+    def _on_routed(self, request: EngineRequest, replica: str) -> None:
+        if self.policy.affinity_slots > 0:
+            self._index.record(self._hashes(request), replica)
+
+    def _forget(self, replica: str) -> None:
+        super()._forget(replica)
+        self._index.forget(replica)
 
 
 # ---------------------------------------------------------------------------------------
@@ -283,8 +306,8 @@ def request_router_config(
     """The ``request_router_config`` deployment option of a pool.
 
     The router builds its policy from ``routing`` (``router.routing``) and what the pool's
-    engines run with: ``block_size`` (the KV block size prefixes are hashed in) matters to
-    the prefill router, ``max_num_seqs`` to the decode router.
+    engines run with: ``block_size`` (the KV block size prefixes are hashed in) and, for
+    the decode router, ``max_num_seqs``.
 
     Serve ships this module to the routers pickled by value, but compares router configs
     by class path and kwargs only: a redeploy whose only change is this file would keep
@@ -297,7 +320,8 @@ def request_router_config(
     if pool == "prefill":
         kwargs = {"block_size": block_size, **routing.prefill.model_dump(mode="json")}
     else:
-        kwargs = {"max_num_seqs": max_num_seqs, **routing.decode.model_dump(mode="json")}
+        kwargs = {"max_num_seqs": max_num_seqs, "block_size": block_size,
+                  **routing.decode.model_dump(mode="json")}
     return RequestRouterConfig(
         request_router_class=ROUTER_CLASSES[pool],
         request_router_kwargs={**kwargs, CODE_DIGEST_KEY: _source_digest()},

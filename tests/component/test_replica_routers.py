@@ -279,6 +279,27 @@ def test_decode_router_prefers_the_least_loaded_and_counts_its_sends():
     run(check())
 
 
+def test_decode_router_follows_the_prefix_it_sent_only_while_the_load_allows():
+    async def check():
+        clock = Clock()
+        router = make_router(DecodeRequestRouter, clock, max_num_seqs=16, block_size=16)
+        a, b = (FakeReplica(name, {"running_seqs": 2, "max_num_seqs": 16,
+                                   "reported_at": clock.now}) for name in ("a", "b"))
+        first = pending("1", engine_request("1", SYSTEM_PROMPT + (1000,) * 40))
+        await router.choose_replicas([a, b], first)
+        router.on_request_routed(first, b.replica_id, result=None)   # its blocks are on b
+        router.on_request_completed(b.replica_id, "1")
+        # equal loads: the replica holding the system prompt pulls only the suffix
+        second = pending("2", engine_request("2", SYSTEM_PROMPT + (2000,) * 40))
+        assert first_ids(await router.choose_replicas([a, b], second)) == ["b", "a"]
+        router.on_request_completed(b.replica_id, "2")
+        # two streams busier than a: more than the one slot a whole prompt is worth
+        b.routing_stats = {"running_seqs": 4, "max_num_seqs": 16, "reported_at": clock.now}
+        third = pending("3", engine_request("3", SYSTEM_PROMPT + (3000,) * 40))
+        assert first_ids(await router.choose_replicas([a, b], third)) == ["a", "b"]
+    run(check())
+
+
 def test_decode_router_ranks_a_replica_with_stale_stats_last():
     async def check():
         clock = Clock(1000.0)
@@ -374,10 +395,10 @@ def test_router_config_names_the_class_and_carries_the_routing_config():
     assert router.policy == PrefillPolicy.from_config(routing.prefill, 32)
     decode = request_router_config("decode", routing, block_size=32, max_num_seqs=64)
     assert set(decode.request_router_kwargs) == {
-        "max_num_seqs", CODE_DIGEST_KEY, *DecodeRoutingConfig.model_fields}
+        "max_num_seqs", "block_size", CODE_DIGEST_KEY, *DecodeRoutingConfig.model_fields}
     router = make_router(decode.get_request_router_class(), Clock(),
                          **decode.request_router_kwargs)
-    assert router.policy == DecodePolicy.from_config(routing.decode, 64)
+    assert router.policy == DecodePolicy.from_config(routing.decode, 64, block_size=32)
     assert router.policy.kv_high_water == 0.9 and router.policy.default_max_num_seqs == 64
     with pytest.raises(ValueError):
         request_router_config("router", routing, block_size=16, max_num_seqs=64)

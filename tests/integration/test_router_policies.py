@@ -126,3 +126,35 @@ async def _flood_from_key_a(pdserve: str) -> dict:
         after = await until(lambda s: s["running"] == 0, "the budget given back")
     return {"holders": finished, "held": held, "overflow": overflow, "other_key": other_key,
             "after_refusals": after_refusals, "after": after}
+
+
+def test_a_decode_engine_pulls_only_what_its_prefix_cache_lacks(pdserve):
+    """Two disaggregated prompts that share a long head (a system prompt): the decode
+    engine keeps the blocks it pulled for the first as prefix cache, so for the second it
+    pulls only the suffix's blocks over NIXL, and the prefill engine computes only the
+    suffix (vLLM's NIXL connector counts local prefix hits before it reads remote blocks)."""
+    block = CONFIG.engine.block_size
+    shared = "You are a careful assistant for the pdserve test suite. " * 12  # ~21 blocks
+    runs = []
+    for question in ("What is a KV cache? ", "Why split prefill and decode? "):
+        before = wait_until_idle(pdserve)
+        answer = generate(pdserve, "completion", MODEL, shared + question, stream=False,
+                          max_tokens=4, temperature=0)
+        assert answer.status == 200 and len(answer.prompt_token_ids) >= THRESHOLD
+        after = wait_until_idle(pdserve)
+        runs.append({name: {key: after[name][key] - before[name][key]
+                            for key in ("prompt_tokens_transferred", "prompt_tokens_cached",
+                                        "prompt_tokens_computed", "kv_bytes_transferred",
+                                        "requests_finished")}
+                     for name in ("prefill", "decode")} | {
+                     "prompt": len(answer.prompt_token_ids)})
+    first, second = runs
+    shared_blocks = len(shared.encode()) // block   # byte-level tokens, whole blocks only
+    assert first["prefill"]["requests_finished"] == second["prefill"]["requests_finished"] == 1
+    # the second prompt's shared blocks were already on the decode engine
+    assert second["decode"]["prompt_tokens_cached"] >= (shared_blocks - 1) * block
+    assert second["decode"]["prompt_tokens_transferred"] <= second["prompt"] - (
+        shared_blocks - 1) * block
+    assert second["decode"]["kv_bytes_transferred"] < first["decode"]["kv_bytes_transferred"] / 2
+    # and on the prefill engine, which computed only the suffix
+    assert second["prefill"]["prompt_tokens_cached"] >= (shared_blocks - 1) * block

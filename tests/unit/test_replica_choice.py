@@ -282,6 +282,56 @@ def test_decode_picks_the_least_loaded():
     assert rank_decode(loads, DECODE) == ("b", "d", "a", "c")
 
 
+# -- decode: prefix affinity below the load terms ---------------------------------------
+
+AFFINE = DecodePolicy.from_config(DecodeRoutingConfig(), max_num_seqs=100, block_size=16)
+
+
+def test_equal_loads_go_to_the_replica_holding_the_prompts_head():
+    loads = [ReplicaLoad(r, running_seqs=4, kv_usage=0.2) for r in ("a", "b", "c")]
+    assert rank_decode(loads, AFFINE, matched_blocks={"b": 4}, prompt_tokens=100)[0] == "b"
+    # the deeper match wins between two holders
+    assert rank_decode(loads, AFFINE, matched_blocks={"b": 2, "c": 5},
+                       prompt_tokens=100)[:2] == ("c", "b")
+
+
+@pytest.mark.parametrize(("holder_seqs", "held_blocks", "first"), [
+    (5, 8, "holder"),   # one stream busier, holding all 128 tokens: one slot; the tie
+    #                     goes to the replica that saves the transfer
+    (6, 8, "other"),    # two streams busier: more than the bonus is worth
+    (5, 4, "other"),    # one stream busier holding half: half a slot
+])
+def test_affinity_is_worth_at_most_one_stream_slot(holder_seqs, held_blocks, first):
+    loads = [ReplicaLoad("holder", running_seqs=holder_seqs, max_num_seqs=100),
+             ReplicaLoad("other", running_seqs=4, max_num_seqs=100)]
+    ranking = rank_decode(loads, AFFINE, matched_blocks={"holder": held_blocks},
+                          prompt_tokens=128)
+    assert ranking[0] == first
+
+
+def test_without_affinity_slots_a_match_changes_nothing():
+    off = DecodePolicy.from_config(DecodeRoutingConfig(prefix_affinity_slots=0), 100, 16)
+    loads = [ReplicaLoad("a", running_seqs=4), ReplicaLoad("b", running_seqs=4)]
+    assert rank_decode(loads, off, matched_blocks={"b": 8}, prompt_tokens=128) == ("a", "b")
+
+
+@given(decode_loads, st.data(), st.integers(1, 4000), st.floats(0, 4))
+def test_the_first_choice_is_never_busier_than_the_least_loaded_by_more_than_the_bonus(
+        rows, data, prompt_tokens, slots):
+    policy = DecodePolicy.from_config(DecodeRoutingConfig(prefix_affinity_slots=slots),
+                                      max_num_seqs=256, block_size=16)
+    loads = _decode(rows)
+    matched = {load.replica_id: data.draw(st.integers(0, 300)) for load in loads}
+    first = rank_decode(loads, policy, matched_blocks=matched, prompt_tokens=prompt_tokens)[0]
+    by_id = {load.replica_id: load for load in loads}
+    chosen = by_id[first]
+    group = [load for load in loads if (load.stale, load.kv_usage >= policy.kv_high_water)
+             == (chosen.stale, chosen.kv_usage >= policy.kv_high_water)]
+    least = min(decode_score(load, policy) for load in group)
+    most_bonus = slots / (chosen.max_num_seqs or policy.default_max_num_seqs)
+    assert decode_score(chosen, policy) <= least + most_bonus + 1e-9
+
+
 # -- both: rankings are permutations ----------------------------------------------------
 
 
@@ -326,15 +376,18 @@ def test_policies_are_built_from_the_routing_config_and_the_engines():
     assert PrefillPolicy.from_config(routing.prefill, config.engine.block_size) == (
         PrefillPolicy(block_size=32, max_blocks=8, max_imbalance_tokens=100,
                       index_capacity=50, stale_after_s=2))
-    assert DecodePolicy.from_config(routing.decode, max_num_seqs=64) == DecodePolicy(
-        kv_weight=0.5, kv_high_water=0.8, default_max_num_seqs=64, stale_after_s=3)
+    assert DecodePolicy.from_config(routing.decode, max_num_seqs=64, block_size=32) == (
+        DecodePolicy(kv_weight=0.5, kv_high_water=0.8, default_max_num_seqs=64,
+                     stale_after_s=3, affinity_slots=1.0, block_size=32, max_blocks=64,
+                     index_capacity=100_000))
     # the defaults are the values the policies had in code before they moved to the config
     defaults = parse_config({"model": {"name": "m", "path": "/m"}}).router.routing
     assert PrefillPolicy.from_config(defaults.prefill, 16) == PrefillPolicy(
         block_size=16, max_blocks=64, max_imbalance_tokens=4096, index_capacity=100_000,
         stale_after_s=5.0)
     assert DecodePolicy.from_config(defaults.decode, 256) == DecodePolicy(
-        kv_weight=1.0, kv_high_water=0.95, default_max_num_seqs=256, stale_after_s=5.0)
+        kv_weight=1.0, kv_high_water=0.95, default_max_num_seqs=256, stale_after_s=5.0,
+        affinity_slots=1.0)
 
 
 # -- a replica whose engine died ----------------------------------------------------------
