@@ -241,14 +241,17 @@ def test_when_the_request_computing_fails_its_followers_go_on_by_themselves():
     flow = GatedFlow(failing_calls=1)
     router = Router(flow)
 
+    passed_on: list[str] = []       # the first deltas the two streams passed on
+
     async def at_once():
-        tasks = [asyncio.ensure_future(router.ask(greedy())) for _ in range(2)]
+        tasks = [asyncio.ensure_future(router.ask(
+            greedy(), on_output=lambda output: passed_on.append(output.request_id)))
+            for _ in range(2)]
         await eventually(lambda: len(flow.calls) == 1)
         unary = asyncio.ensure_future(router.ask(greedy(RequestOutputKind.FINAL_ONLY)))
         await eventually(lambda: len(router.client.cache._in_flight) == 1)
         flow.release.set()
-        for _ in range(20):
-            await asyncio.sleep(0)   # the followers pass the first delta on
+        await eventually(lambda: len(passed_on) == 2)   # leader and follower have delta 0
         flow.resume.set()            # and the leader fails
         return await asyncio.gather(*tasks, unary, return_exceptions=True)
 
@@ -282,11 +285,12 @@ def test_when_the_leaders_client_leaves_its_follower_goes_on_from_where_it_was()
                                         f"chatcmpl-{key}")
         first = asyncio.ensure_future(anext(leader))
         await eventually(lambda: len(flow.calls) == 1)
-        follower = asyncio.ensure_future(router.ask(greedy()))
+        passed_on: list[str] = []
+        follower = asyncio.ensure_future(router.ask(
+            greedy(), on_output=lambda output: passed_on.append(output.outputs[0].text)))
         flow.release.set()
         await settled(first)
-        for _ in range(20):
-            await asyncio.sleep(0)   # the follower passes the first delta on
+        await eventually(lambda: passed_on == ["s0c0"])   # the follower has delta 0 too
         await leader.aclose()        # the leader's client is gone
         return await settled(follower)
 
