@@ -11,7 +11,7 @@ id while vLLM's layer runs it, so ``generate`` finds its admission and metrics.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -36,6 +36,12 @@ def request_key(request_id: str) -> str:
     """The router's id inside vLLM's: "chatcmpl-<id>", "chatcmpl-<id>_<input index>" or
     "cmpl-<id>-<prompt index>" (the router's ids are hex: no "-" or "_")."""
     return request_id.split("-")[1].split("_")[0]
+
+
+def kv_cost(token_ids: Sequence[int], sampling_params: Any) -> int:
+    """What admission charges a request: the most KV it can come to hold, its prompt plus
+    every token each of its choices may generate."""
+    return len(token_ids) + sampling_params.max_tokens * sampling_params.n
 
 
 class PDEngineClient:
@@ -92,8 +98,7 @@ class PDEngineClient:
         except APIError as error:  # a stream would carry it as a 500 event: the router answers
             lifecycle.record_failure(error)
             raise
-        # The most KV this request can come to hold: prompt plus every allowed token.
-        cost = len(token_ids) + sampling_params.max_tokens * sampling_params.n
+        cost = kv_cost(token_ids, sampling_params)
         route = self.route(token_ids, sampling_params)
         # The prompts of one batched request run one after another: Serve gives the calls a
         # request makes its own internal id, and two streams of one id at once lose one.
@@ -178,7 +183,7 @@ class PDEngineClient:
         lifecycle.cache_result("miss")  # what a unary answer's header will say
         rest = continuation(request, sent, attempt=1) if sent else request
         route = self.route(list(rest.prompt_token_ids), rest.sampling)
-        cost = len(rest.prompt_token_ids) + rest.sampling.max_tokens
+        cost = kv_cost(rest.prompt_token_ids, rest.sampling)
         async with aclosing(self._run(lifecycle, rest, cost, route)) as outputs:
             async for output in outputs:
                 output.prompt_token_ids = prompt

@@ -134,7 +134,6 @@ class Recording:
         self._cache = cache
         self._key = key
         self._outputs: list[Any] = []     # what the leader's client got, in order
-        self._answer: Any = None          # the same, aggregated for the store
         self._ended = False               # the leader stopped: finished, failed or left
         self._news = asyncio.Event()      # set (and replaced) when either changes
 
@@ -142,10 +141,6 @@ class Recording:
         """One ``RequestOutput`` (a delta or the whole answer) passed to the leader's
         client; when it completes the answer, the entry is stored in the background."""
         self._outputs.append(output)
-        if self._answer is None:
-            self._answer = copy.deepcopy(output)  # the client's copy must stay a delta
-        else:
-            self._answer.add(output, aggregate=True)
         if output.finished:
             self._ended = True
             self._store()
@@ -185,7 +180,9 @@ class Recording:
         self._news = asyncio.Event()
 
     def _store(self) -> None:
-        answer, self._answer = self._answer, None
+        answer = copy.deepcopy(self._outputs[0])  # the clients' copies stay deltas
+        for output in self._outputs[1:]:
+            answer.add(output, aggregate=True)
         if all(choice.finish_reason in COMPLETE for choice in answer.outputs):
             self._cache.store_later(self._key, encode_output(answer), self)
         else:
