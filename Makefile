@@ -5,7 +5,7 @@ PYTEST_ARGS ?=
 DURATIONS := --durations=15
 VENV := .venv
 
-.PHONY: setup run test test-multinode faults unit component lint model clean
+.PHONY: setup run test test-multinode faults levers unit component lint model clean
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -13,17 +13,22 @@ setup:
 run: setup
 	$(VENV)/bin/pdserve up --config $(CONFIG)
 
-# The fault suite and the multi-node imitation each run a Ray cluster of their own: after
-# the others, never beside.
+# The quantized cluster, the fault suite and the multi-node imitation each run a Ray
+# cluster of their own: after the others, never beside.
 test: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -ra $(DURATIONS) -m "not multinode and not faults" $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -ra $(DURATIONS) -m "not multinode and not faults and not levers" $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -ra $(DURATIONS) -m levers $(PYTEST_ARGS)
 	$(VENV)/bin/python -m pytest -ra $(DURATIONS) -m faults $(PYTEST_ARGS)
 	$(VENV)/bin/python -m pytest -ra $(DURATIONS) -m multinode $(PYTEST_ARGS)
 
 # Faults injected into a running cluster (tests/integration/test_faults.py).
 faults: setup
 	$(VENV)/bin/python -m pytest -ra -m faults $(PYTEST_ARGS)
+
+# The cost levers' own cluster: quantized weights and an fp8 KV cache through the pools.
+levers: setup
+	$(VENV)/bin/python -m pytest -ra -m levers $(PYTEST_ARGS)
 
 test-multinode: setup
 	$(VENV)/bin/python -m pytest -ra -s -m multinode $(PYTEST_ARGS)

@@ -13,10 +13,10 @@ from typing import Any
 from ray.serve import Application, Deployment
 
 from cluster.autoscaling.serve_policy import autoscaling_config_for
+from cluster.checkpoints import ensure_checkpoints
 from cluster.config import DEFAULT_CONFIG_PATH, PDServeConfig, load_config
 from cluster.digest import short_digest
 from cluster.engine.args import engine_kwargs, pool_deployment_options, stable_version
-from cluster.tiny_model import ensure_model
 from decode.server import DecodeServer
 from kv_transfer.connector import Role
 from prefill.server import PrefillServer
@@ -125,15 +125,9 @@ def _code_version() -> str:
                                  for source in engine_sources()))
 
 
-def ensure_models(config: PDServeConfig) -> None:
-    """Generate every version's tiny development model that is missing (dev configs)."""
-    for version in config.versions.values():
-        ensure_model(version.path, version.generate)
-
-
 def app_builder(args: dict[str, Any]) -> Application:
     """Entry point for ``serve run`` / ``serve deploy`` (args: ``config=<path>``; other
     arguments, e.g. ``config_digest`` from cluster.serve_config, only version the app)."""
     config = load_config(args.get("config", DEFAULT_CONFIG_PATH))
-    ensure_models(config)
+    ensure_checkpoints(config)
     return build_app(config)

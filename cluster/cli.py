@@ -85,14 +85,14 @@ def _serve_config(config: PDServeConfig, path: Path) -> int:
 
 
 def _model(config: PDServeConfig) -> int:
-    from cluster.tiny_model import ensure_model
+    from cluster.checkpoints import ensure_checkpoints
 
-    for name, version in config.versions.items():
-        try:
-            path = ensure_model(version.path, version.generate)
-        except FileNotFoundError as error:
-            print(f"pdserve: {error}", file=sys.stderr)
-            return 2
+    try:
+        paths = ensure_checkpoints(config)
+    except FileNotFoundError as error:
+        print(f"pdserve: {error}", file=sys.stderr)
+        return 2
+    for name, path in paths.items():
         print(f"model of version {name} ready at {path}")
     return 0
 
@@ -151,6 +151,8 @@ def _up(config: PDServeConfig) -> int:
         return 2
     if local and run_on_serving_cores(config) != 0:
         return 2
+    if local and _engines_run_here(config) != 0:
+        return 2
 
     import ray
     from ray import serve
@@ -190,6 +192,17 @@ def _up(config: PDServeConfig) -> int:
         else:
             serve.delete(APP_NAME)
     return 0
+
+
+def _engines_run_here(config: PDServeConfig) -> int:
+    """A local cluster's engines run on this machine: refuse settings its CPU cannot run
+    now, rather than when each engine replica fails to start."""
+    from cluster.engine.cpu_check import local_cluster_refusals
+
+    refusals = local_cluster_refusals(config)
+    for reason in refusals:
+        print(f"pdserve: {reason}", file=sys.stderr)
+    return 2 if refusals else 0
 
 
 def _start_ray(config: PDServeConfig) -> None:

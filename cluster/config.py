@@ -48,8 +48,10 @@ _OWNED_ELSEWHERE = {
     "kv_transfer_config": "kv_transfer",
     "speculative_config": "decode.speculative",
 }
-# Anything that shapes a KV block: blocks are copied verbatim between pools.
-_KV_LAYOUT_ARGS = frozenset({"block_size", "dtype", "max_model_len", "kv_cache_dtype"})
+# Anything that shapes a KV block or what it holds: blocks are copied verbatim between
+# pools, so a decode engine must read them as the prefill engine that wrote them did.
+_KV_LAYOUT_ARGS = frozenset({"block_size", "dtype", "max_model_len", "kv_cache_dtype",
+                             "quantization"})
 # Typed per pool: set by the pool's own field of the same name.
 _POOL_TYPED_ARGS = ("tensor_parallel_size", "max_num_batched_tokens")
 # EngineConfig fields that are not vLLM arguments (the rest are passed by name).
@@ -109,6 +111,21 @@ class TinyModelSpec(StrictModel):
         return self
 
 
+class QuantizeSpec(StrictModel):
+    """Make a version's checkpoint by quantizing another local checkpoint (cluster/quantize.py)."""
+
+    source: Path = Field(description="the full-precision checkpoint's directory (made first "
+                         "if another version generates it)")
+    scheme: Literal["W8A8"] = Field(
+        "W8A8", description="int8 weights per output channel, int8 activations per token "
+        "at run time (compressed-tensors' W8A8 preset; vLLM's CPU build runs it on any x86)")
+
+    @field_validator("source")
+    @classmethod
+    def _absolute(cls, path: Path) -> Path:
+        return path.expanduser().absolute()
+
+
 class Checkpoint(StrictModel):
     """Where a model version's weights and tokenizer are."""
 
@@ -116,6 +133,9 @@ class Checkpoint(StrictModel):
     generate: TinyModelSpec | None = Field(
         None, description="generate a tiny random model at `path` if it is missing (dev only)"
     )
+    quantize: QuantizeSpec | None = Field(
+        None, description="write a quantized copy of another checkpoint at `path` if it is "
+        "missing or its source changed (dev and benchmarks)")
     tool_parser: str | None = Field(
         None, description="vLLM's tool-call parser for this model (e.g. hermes, llama3_json): "
         "requests with tools need one (tool_choice 'auto', 'required' or a named function; "
@@ -132,6 +152,13 @@ class Checkpoint(StrictModel):
     def _absolute(cls, path: Path) -> Path:
         # Relative paths mean "from where pdserve was started"; every Ray worker must agree.
         return path.expanduser().absolute()
+
+    @model_validator(mode="after")
+    def _one_maker(self) -> Checkpoint:
+        if self.generate is not None and self.quantize is not None:
+            raise ValueError("set `generate` or `quantize`, not both: a checkpoint is either "
+                             "generated or made from another")
+        return self
 
 
 class ModelConfig(Checkpoint):
@@ -163,6 +190,16 @@ class EngineConfig(StrictModel):
         "whole GiB: vLLM 0.32 reads it as an integer and fails at start on a fraction",
     )
     seed: int = 0
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
+        "auto", description="the KV cache's element type (vLLM's kv_cache_dtype). fp8 halves "
+        "KV bytes, in memory and over NIXL between the pools; CPU engines need AVX-512 or "
+        "AMX and a head size divisible by 32 (checked where each engine starts)",
+    )
+    quantization: str | None = Field(
+        None, description="vLLM's quantization method for every version's weights; None: "
+        "each checkpoint's own (its config.json's quantization_config), which is what a "
+        "quantized checkpoint needs. Set it to insist on one method",
+    )
     step_wait: Literal["auto", "spin", "sleep"] = Field(
         "auto", description="how an engine's scheduler and worker processes wait for each "
         "other's step: vLLM spins (`spin`, fine where host cores are spare), `sleep` polls "

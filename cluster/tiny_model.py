@@ -131,12 +131,12 @@ def build_tiny_model(path: Path, spec: TinyModelSpec) -> None:
         if report is not None:
             (staging / TRAINING_FILE).write_text(json.dumps(report.to_json(), indent=2))
         (staging / MARKER_FILE).write_text(json.dumps(_marker(spec), indent=2))
-        _replace_directory(staging, path)
+        replace_directory(staging, path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _replace_directory(new: Path, path: Path) -> None:
+def replace_directory(new: Path, path: Path) -> None:
     """Move ``new`` to ``path``, replacing an outdated model there; rename is atomic."""
     outdated = None
     if path.exists():

@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from cluster.bench import breakdown, report
+from cluster.bench import breakdown, quality, report
 from cluster.bench.runner import run_workload
 from cluster.bench.stats import SLO, RequestRecord, ratio, summarise
 from cluster.bench.workload import WorkloadSpec, plan
@@ -82,6 +82,14 @@ def add_parser(commands) -> None:
     variants.add_argument("--variant", action="append", required=True,
                           help="name:key.path=value,... (repeat; the first is the baseline)")
     _workload_args(variants)
+    variants.add_argument("--quality-passages", type=int, default=0,
+                          help="also compare each variant's next-token distributions on this "
+                               "many held-out passages with the first's (cluster/bench/"
+                               "quality.py); 0: off")
+    variants.add_argument("--quality-chars", type=int, default=1024,
+                          help="characters (bytes for the tiny models) per passage")
+    variants.add_argument("--quality-top", type=int, default=20,
+                          help="listed next tokens per position (at most vLLM's max_logprobs)")
 
     transfer = sub.add_parser("transfer", help="NIXL KV-transfer GB/s vs a host memcpy")
     transfer.add_argument("--sizes-mib", default="1,4,16,64")
@@ -266,10 +274,10 @@ COMPARE_REFERENCE_PORT = 8400
 def _compare(args) -> int:
     """Same machine, same cores, one after the other: (a) pdserve, (b) colocated vLLM."""
     from cluster import processes
-    from cluster.tiny_model import ensure_model
+    from cluster.checkpoints import ensure_checkpoints
 
     config = load_config(args.config)
-    ensure_model(config.model.path, config.model.generate)
+    ensure_checkpoints(config)
     slo = _goodput_slo(args, config.slo)
     count_tokens = _token_counter(args.tokenizer or str(config.model.path))
     workloads = args.workloads.split(",")
@@ -435,8 +443,8 @@ def _variants(args) -> int:
 
     from cluster import processes
     from cluster.bench.variants import apply_overrides, parse_variant
+    from cluster.checkpoints import ensure_checkpoints
     from cluster.config import parse_config
-    from cluster.tiny_model import ensure_model
 
     variants = [parse_variant(text) for text in args.variant]
     base = yaml.safe_load(args.config.read_text())
@@ -444,11 +452,12 @@ def _variants(args) -> int:
     slo = _goodput_slo(args, parse_config(base, source=str(args.config)).slo)
     args.out.mkdir(parents=True, exist_ok=True)
     summaries: dict[str, dict] = {}
+    positions: dict[str, list[list[quality.Position]]] = {}
     for variant in variants:
         document = apply_overrides(base, variant.overrides)
         config = parse_config(document, source=f"variant {variant.name}")
         path = _write_config(document, args.out / f"variant-{variant.name}.yaml")
-        ensure_model(config.model.path, config.model.generate)
+        ensure_checkpoints(config)
         count_tokens = _token_counter(args.tokenizer or str(config.model.path))
         spec = _spec(args, max_model_len=config.engine.max_model_len)
         started = processes.start_pdserve(path, config, args.out / "logs", REPO,
@@ -458,6 +467,12 @@ def _variants(args) -> int:
             _, summary = _measure(server.base_url, config.model.name, spec, count_tokens,
                                   slo, not args.no_progress, variant.name,
                                   metrics_url=metrics_url_of(config))
+            if args.quality_passages:
+                positions[variant.name] = _quality_positions(server.base_url,
+                                                             config.model.name, args)
+        if positions:
+            summary["quality"] = quality.compare(positions[variants[0].name],
+                                                 positions[variant.name]).to_json()
         summaries[variant.name] = summary
         print(report.table(f"{variant.name} {variant.overrides}", summary["all"]))
         report.write_json(args.out / f"variant-{variant.name}-summary.json",
@@ -468,6 +483,26 @@ def _variants(args) -> int:
                        "variants": {v.name: v.overrides for v in variants},
                        "results": summaries})
     return 0
+
+
+def _quality_positions(base_url: str, model: str, args) -> list[list[quality.Position]]:
+    """Each held-out passage's prompt logprobs, read through the service (an echoed
+    completion: the engine computes the prompt itself, pdserve's decode-local path)."""
+    import httpx
+
+    from cluster.tiny_training import held_out_prompts
+
+    passages = []
+    with httpx.Client(base_url=base_url, timeout=300) as client:
+        for text in held_out_prompts(args.quality_passages, args.quality_chars):
+            response = client.post("/v1/completions", json={
+                "model": model, "prompt": text, "max_tokens": 1, "temperature": 0,
+                "echo": True, "logprobs": args.quality_top, "return_tokens_as_token_ids": True})
+            response.raise_for_status()
+            body = response.json()
+            passages.append(quality.positions_from_echo(body["choices"][0]["logprobs"],
+                                                        body["usage"]["prompt_tokens"]))
+    return passages
 
 
 def _variants_table(summaries: dict[str, dict]) -> str:
@@ -487,6 +522,13 @@ def _variants_table(summaries: dict[str, dict]) -> str:
         lines.append(f"  {label:<16}" + "".join(f"{c:>22}" for c in cells))
     goodput = [f"{summaries[n]['all']['goodput_requests_per_s']:.3f}/s" for n in names]
     lines.append(f"  {'goodput':<16}" + "".join(f"{g:>22}" for g in goodput))
+    if all("quality" in summaries[n] for n in names):
+        for label, key, form in (("perplexity", "perplexity_candidate", "{:.3f}"),
+                                 ("top-1 agreement", "top1_agreement", "{:.2%}"),
+                                 ("KL mean (nats)", "kl_mean", "{:.5f}"),
+                                 ("KL p95 (nats)", "kl_p95", "{:.5f}")):
+            cells = [form.format(summaries[n]["quality"][key]) for n in names]
+            lines.append(f"  {label:<16}" + "".join(f"{c:>22}" for c in cells))
     return "\n".join(lines)
 
 
@@ -500,12 +542,12 @@ def _overhead(args) -> int:
     from cluster import processes
     from cluster.bench import overhead
     from cluster.bench.variants import Variant, apply_overrides, parse_variant
+    from cluster.checkpoints import ensure_checkpoints
     from cluster.config import parse_config
-    from cluster.tiny_model import ensure_model
 
     variants = [parse_variant(text) for text in args.variant or []] or [Variant("", {})]
     config = load_config(args.config)
-    ensure_model(config.model.path, config.model.generate)
+    ensure_checkpoints(config)
     log_dir = args.out / "logs"
     spec = WorkloadSpec(name="reference", rate=1000, num_requests=args.requests, seed=7)
     requests = overhead.shorten(plan(spec, _token_counter(str(config.model.path))),

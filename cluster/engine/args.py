@@ -47,6 +47,7 @@ def engine_kwargs(
         "gpu_memory_utilization": engine.gpu_memory_utilization,
         "tensor_parallel_size": pool.tensor_parallel_size,
         "seed": engine.seed,
+        "kv_cache_dtype": engine.kv_cache_dtype,
         # pdserve reads the engine's statistics for its own metrics and routing.
         "disable_log_stats": False,
     }
@@ -57,6 +58,8 @@ def engine_kwargs(
     reasoning_parser = config.versions[version].reasoning_parser
     if reasoning_parser is not None:  # structured outputs start where reasoning ends
         kwargs["reasoning_parser"] = reasoning_parser
+    if engine.quantization is not None:
+        kwargs["quantization"] = engine.quantization
     if kv_transfer_config is not None:
         kwargs["kv_transfer_config"] = kv_transfer_config
     if pool.speculative is not None:  # decode pools only (validated)

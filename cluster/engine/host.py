@@ -20,6 +20,7 @@ from cluster import metrics as m
 from cluster.config import PDServeConfig
 from cluster.engine.args import engine_env, engine_kwargs
 from cluster.engine.callers import CallerWatch
+from cluster.engine.cpu_check import check_engine
 from cluster.engine.load_report import LoadReporter
 from cluster.engine.messages import EngineRequest
 from cluster.engine.routing_stats import routing_stats_from
@@ -74,6 +75,8 @@ class EngineHost:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        # This node's CPU, not the head's: machines differ (AVX2 only, AVX-512, AMX).
+        check_engine(config, role, version)
         # The engine core runs in child processes that read these at their start.
         os.environ.update(
             engine_env(config, role, side_channel_host, side_channel_port, version))

@@ -70,6 +70,25 @@ def test_pools_may_not_diverge_in_kv_layout():
         parse_config(data)
 
 
+def test_pools_may_not_diverge_in_what_computes_the_kv_blocks():
+    for name, value in (("kv_cache_dtype", "fp8"), ("quantization", "compressed-tensors")):
+        data = {**MINIMAL, "prefill": {"engine_overrides": {name: value}}}
+        with pytest.raises(ConfigError, match=rf"may not set \['{name}'\]: both pools"):
+            parse_config(data)
+
+
+def test_kv_cache_dtype_is_typed_and_a_quantized_checkpoint_is_made_one_way():
+    with pytest.raises(ConfigError, match=r"engine\.kv_cache_dtype"):
+        parse_config({**MINIMAL, "engine": {"kv_cache_dtype": "int4"}})
+    with pytest.raises(ConfigError, match=r"engine\.extra: .*engine\.kv_cache_dtype"):
+        parse_config({**MINIMAL, "engine": {"extra": {"kv_cache_dtype": "fp8"}}})
+    both = {"name": "m", "path": "/m-q", "generate": {}, "quantize": {"source": "/m"}}
+    with pytest.raises(ConfigError, match="`generate` or `quantize`, not both"):
+        parse_config({"model": both})
+    config = parse_config({"model": {"name": "m", "path": "/m-q", "quantize": {"source": "m"}}})
+    assert config.model.quantize.source.is_absolute() and config.model.quantize.scheme == "W8A8"
+
+
 @pytest.mark.parametrize(("data", "field", "instead"), [
     # the prefill router would keep hashing prefixes in engine.block_size blocks
     ({"engine": {"extra": {"block_size": 8}}}, "engine.extra", "engine.block_size"),

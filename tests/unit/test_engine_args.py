@@ -36,6 +36,18 @@ def test_engine_kwargs_merge_shared_then_pool():
     assert prefill["disable_log_stats"] is False
 
 
+def test_kv_cache_dtype_and_quantization_reach_both_pools_engines():
+    config = parse_config({**BASE, "engine": {**BASE["engine"], "kv_cache_dtype": "fp8",
+                                              "quantization": "compressed-tensors"}})
+    for role in ("prefill", "decode"):
+        kwargs = engine_kwargs(config, role, None)
+        assert (kwargs["kv_cache_dtype"], kwargs["quantization"]) == ("fp8",
+                                                                      "compressed-tensors")
+    default = engine_kwargs(parse_config(BASE), "decode", None)
+    assert default["kv_cache_dtype"] == "auto" and "quantization" not in default
+    assert "--kv-cache-dtype" in baseline_flags(config)
+
+
 def test_engine_env_has_unique_side_channel_and_pool_env():
     config = parse_config(BASE)
     env = engine_env(config, "prefill", "10.0.0.5", 15601)

@@ -33,7 +33,8 @@ MUST_BE_PURE = [
     "cluster/autoscaling/config.py", "cluster/config.py", "cluster/strict.py",
     "cluster/engine/messages.py", "cluster/engine/stats.py", "cluster/engine/load_report.py",
     "cluster/engine/routing_stats.py", "kv_transfer/handle.py", "kv_transfer/ports.py",
-    "decode/pacing.py", "router/cache_policy.py",
+    "decode/pacing.py", "router/cache_policy.py", "cluster/engine/cpu_support.py",
+    "cluster/bench/quality.py",
 ]
 
 

@@ -1,0 +1,132 @@
+"""Quantized weights and an fp8 KV cache through the real prefill -> NIXL -> decode path.
+
+A cluster of its own (pdserve-quantized.yaml, `make test` runs it after the main suite):
+the test cluster's tiny model as W8A8 int8 weights that pdserve makes (cluster/quantize.py),
+with the KV cache in fp8 where this machine's CPU can hold it (AVX-512 or AMX; checked as
+each engine checks it, cluster/engine/cpu_check.py). Greedy answers must equal those of
+one colocated vLLM engine with the same settings, token for token, on both of pdserve's
+paths; long prompts must arrive on the decode engine over NIXL, at fp8's size.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+
+import pytest
+import yaml
+
+from cluster import processes
+from cluster.checkpoints import ensure_checkpoints
+from cluster.config import load_config, parse_config
+from cluster.engine.cpu_check import local_cluster_refusals
+from cluster.tiny_model import ensure_model
+from tests.integration.conftest import (
+    CONFIG as TEST_CLUSTER_CONFIG,
+)
+from tests.integration.conftest import (
+    LOG_DIR,
+    REPO,
+    _cluster_processes,
+    _ready_or_fail,
+    _wait_for_exit,
+    engine_stats,
+    wait_until_idle,
+)
+from tests.integration.openai_http import generate
+from tests.integration.test_equivalence import prose
+
+pytestmark = [pytest.mark.integration, pytest.mark.levers]
+
+BASE_CONFIG_PATH = REPO / "tests/integration/pdserve-quantized.yaml"
+REFERENCE_PORT = 8545
+FP8_BYTES = 1
+
+
+def _config_for_this_machine() -> tuple[dict, str | None]:
+    """The cluster's config document with fp8 KV where this CPU can hold it, and the
+    reason it cannot (None: fp8 it is); the W8A8 checkpoint is made first."""
+    document = yaml.safe_load(BASE_CONFIG_PATH.read_text())
+    ensure_checkpoints(parse_config(document))
+    document["engine"]["kv_cache_dtype"] = "fp8"
+    refusals = local_cluster_refusals(parse_config(document))
+    if refusals:
+        document["engine"]["kv_cache_dtype"] = "auto"
+    return document, "; ".join(refusals) or None
+
+
+@pytest.fixture(scope="module")
+def quantized() -> Iterator[tuple[str, str, dict, str | None]]:
+    """(pdserve's URL, the colocated engine's URL, the config, why not fp8 or None)."""
+    model = TEST_CLUSTER_CONFIG.model
+    ensure_model(model.path, model.generate)  # the source: the test cluster's own model
+    document, no_fp8 = _config_for_this_machine()
+    config_path = LOG_DIR / "pdserve-quantized.yaml"
+    config_path.parent.mkdir(parents=True, exist_ok=True)
+    config_path.write_text(yaml.safe_dump(document))
+    config = load_config(config_path)
+    before = _cluster_processes()
+    server = processes.start_pdserve(config_path, config, LOG_DIR / "quantized", REPO)
+    reference = processes.start_vllm_server(config, REFERENCE_PORT, LOG_DIR / "quantized",
+                                            REPO, name="quantized-vllm")
+    try:
+        _ready_or_fail(server)
+        _ready_or_fail(reference)
+        yield server.base_url, reference.base_url, document, no_fp8
+    finally:
+        processes.stop(reference, signal.SIGTERM, timeout_s=60)
+        returncode = processes.stop(server, signal.SIGINT, timeout_s=120)
+    assert returncode == 0, f"pdserve exited with {returncode}; see {server.log}"
+    assert not _wait_for_exit(before), "processes left behind after shutdown"
+
+
+def test_the_engines_run_the_projects_w8a8_checkpoint(quantized):
+    _, _, document, _ = quantized
+    checkpoint = REPO / document["model"]["path"]
+    declared = json.loads((checkpoint / "config.json").read_text())["quantization_config"]
+    assert declared["quant_method"] == "compressed-tensors"
+    log = (LOG_DIR / "quantized" / "pdserve.log").read_text(errors="replace")
+    # vLLM's own line for the kernel it chose (Ray folds the engines' identical lines)
+    assert "Int8ScaledMMLinearKernel for CompressedTensorsW8A8Int8" in log, "no int8 kernel"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
+@pytest.mark.parametrize("prompt", [prose(8, seed=21), prose(220, seed=22)],
+                         ids=["decode-local", "disaggregated"])
+def test_greedy_answers_equal_one_colocated_engines(quantized, prompt, stream):
+    url, reference, document, _ = quantized
+    model = document["model"]["name"]
+    params = {"max_tokens": 32, "temperature": 0, "ignore_eos": True}
+    ours = generate(url, "completion", model, prompt, stream=stream, **params)
+    theirs = generate(reference, "completion", model, prompt, stream=stream, **params)
+    assert ours.status == theirs.status == 200, (ours.error, theirs.error)
+    assert ours.prompt_token_ids == theirs.prompt_token_ids
+    assert ours.token_ids == theirs.token_ids, "the quantized engines' answers differ"
+    assert ours.text == theirs.text
+
+
+def test_a_long_prompts_kv_moves_over_nixl_at_the_caches_element_size(quantized):
+    url, _, document, no_fp8 = quantized
+    engine = document["engine"]
+    before = wait_until_idle(url)
+    answer = generate(url, "completion", document["model"]["name"], prose(230, seed=23),
+                      stream=False, max_tokens=4, temperature=0)
+    assert answer.status == 200, answer.error
+    after = wait_until_idle(url)
+    moved = {key: after["decode"][key] - before["decode"][key]
+             for key in ("prompt_tokens_transferred", "kv_bytes_transferred",
+                         "kv_transfer_failures")}
+    assert moved["prompt_tokens_transferred"] >= len(answer.prompt_token_ids) - engine[
+        "block_size"] and moved["kv_transfer_failures"] == 0
+    source = json.loads((REPO / document["model"]["quantize"]["source"] / "config.json")
+                        .read_text())
+    head_size = source["hidden_size"] // source["num_attention_heads"]
+    per_element = FP8_BYTES if engine["kv_cache_dtype"] == "fp8" else 4  # float32
+    per_token = 2 * source["num_hidden_layers"] * source["num_key_value_heads"] * head_size
+    blocks = -(-moved["prompt_tokens_transferred"] // engine["block_size"])
+    assert moved["kv_bytes_transferred"] == blocks * engine["block_size"] * per_token * (
+        per_element), moved
+    assert engine_stats(url)["prefill"]["kv_cache_usage"] == 0  # blocks released
+    if no_fp8 is not None:
+        pytest.skip(f"the KV moved in float32: this CPU cannot hold an fp8 cache ({no_fp8})")
