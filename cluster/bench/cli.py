@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from cluster.bench import breakdown, quality, report
+from cluster.bench import breakdown, cpu, quality, report
 from cluster.bench.runner import run_workload
 from cluster.bench.stats import SLO, RequestRecord, ratio, summarise
 from cluster.bench.workload import WorkloadSpec, plan
@@ -464,9 +464,12 @@ def _variants(args) -> int:
                                           name=f"pdserve-{variant.name}")
         with processes.running(started) as server:
             _warm_up(server.base_url, config.model.name)
+            cpu_before = cpu.sample_processes()
             _, summary = _measure(server.base_url, config.model.name, spec, count_tokens,
                                   slo, not args.no_progress, variant.name,
                                   metrics_url=metrics_url_of(config))
+            summary["cpu_s_by_role"] = cpu.cpu_by_role(cpu_before, cpu.sample_processes(),
+                                                       server.process.pid)
             if args.quality_passages:
                 positions[variant.name] = _quality_positions(server.base_url,
                                                              config.model.name, args)
@@ -483,6 +486,14 @@ def _variants(args) -> int:
                        "variants": {v.name: v.overrides for v in variants},
                        "results": summaries})
     return 0
+
+
+def _engine_cpu_per_million_tokens(summary: dict) -> float | None:
+    """CPU-seconds both pools' engines used per million output tokens of the run."""
+    used = summary["cpu_s_by_role"]
+    engines = used.get("prefill engine", 0.0) + used.get("decode engine", 0.0)
+    tokens = summary["all"]["output_tokens_per_s"] * summary["duration_s"]
+    return engines / tokens * 1e6 if tokens else None
 
 
 def _quality_positions(base_url: str, model: str, args) -> list[list[quality.Position]]:
@@ -522,6 +533,10 @@ def _variants_table(summaries: dict[str, dict]) -> str:
         lines.append(f"  {label:<16}" + "".join(f"{c:>22}" for c in cells))
     goodput = [f"{summaries[n]['all']['goodput_requests_per_s']:.3f}/s" for n in names]
     lines.append(f"  {'goodput':<16}" + "".join(f"{g:>22}" for g in goodput))
+    if all("cpu_s_by_role" in summaries[n] for n in names):
+        per_million = [_engine_cpu_per_million_tokens(summaries[n]) for n in names]
+        lines.append(f"  {'engine CPU-s/1M':<16}" + "".join(
+            f"{'-' if v is None else f'{v:,.0f}':>22}" for v in per_million))
     if all("quality" in summaries[n] for n in names):
         for label, key, form in (("perplexity", "perplexity_candidate", "{:.3f}"),
                                  ("top-1 agreement", "top1_agreement", "{:.2%}"),

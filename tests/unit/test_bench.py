@@ -158,3 +158,24 @@ def test_compare_variants_are_pdserve_setups_with_settings_overridden(tmp_path):
     args.variant = ["colocated:router.stream_chunk_interval_ms=0"]
     with pytest.raises(SystemExit, match="has a setup's name"):
         _compare_variants(args)
+
+
+def test_the_variants_table_gives_engine_cpu_per_token_and_quality_beside_latency():
+    from cluster.bench.cli import _variants_table
+
+    def summary(ttft: float, engine_cpu_s: float, agreement: float) -> dict:
+        latency = {"ttft_s": {"p50": ttft, "p95": ttft}, "itl_s": {"p50": 0.01, "p95": 0.02}}
+        return {"all": {**latency, "goodput_requests_per_s": 0.5, "output_tokens_per_s": 100.0},
+                "short": latency, "long": latency, "duration_s": 10.0,
+                "cpu_s_by_role": {"prefill engine": engine_cpu_s / 2,
+                                  "decode engine": engine_cpu_s / 2, "router": 99.0},
+                "quality": {"perplexity_candidate": 7.25, "top1_agreement": agreement,
+                            "kl_mean": 0.0, "kl_p95": 0.0}}
+
+    table = _variants_table({"full": summary(0.2, 4.0, 1.0), "w8a8": summary(0.1, 2.0, 0.9)})
+    assert "100 ms (0.50x)" in table
+    # 1,000 output tokens: 4 engine CPU-seconds -> 4,000 per million; the router's not counted
+    cpu_row = next(line for line in table.splitlines() if "engine CPU-s/1M" in line)
+    assert cpu_row.split()[-2:] == ["4,000", "2,000"]
+    agreement = next(line for line in table.splitlines() if "top-1 agreement" in line)
+    assert agreement.split()[-2:] == ["100.00%", "90.00%"]
