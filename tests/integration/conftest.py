@@ -7,6 +7,7 @@ shutdown was clean: exit status 0, the port free again, no Ray or engine process
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -55,18 +56,26 @@ def pdserve() -> Iterator[str]:
     """Base URL of a running pdserve; asserts a clean shutdown afterwards."""
     host, port = CONFIG.router.host, CONFIG.router.port
     assert processes.port_is_free(host, port), f"test port {port} already in use"
-    before = _cluster_processes()
     os.environ[ENV_KEY_VARIABLE] = ENV_API_KEY  # the second source of keys (test_auth)
-    server = processes.start_pdserve(CONFIG_PATH, CONFIG, LOG_DIR, REPO)
+    with serving(CONFIG_PATH, CONFIG, LOG_DIR) as server:
+        yield server.base_url
+    assert processes.port_is_free(CONFIG.router.host, CONFIG.router.port), "port still bound"
+
+
+@contextlib.contextmanager
+def serving(config_path: Path, config, log_dir: Path) -> Iterator[processes.ManagedServer]:
+    """``pdserve up`` of ``config_path``, ready, until the block ends; then a clean stop:
+    exit status 0 after SIGINT and no process of the cluster left behind."""
+    before = _cluster_processes()
+    server = processes.start_pdserve(config_path, config, log_dir, REPO)
     try:
         _ready_or_fail(server)
-        yield server.base_url
+        yield server
     finally:
         returncode = processes.stop(server, signal.SIGINT, timeout_s=120)
     assert returncode == 0, f"pdserve exited with {returncode} after SIGINT; see {server.log}"
     leftover = _wait_for_exit(before)
     assert not leftover, f"processes left behind after shutdown: {leftover}"
-    assert processes.port_is_free(CONFIG.router.host, CONFIG.router.port), "port still bound"
 
 
 def _ready_or_fail(server: processes.ManagedServer) -> None:

@@ -29,16 +29,9 @@ import psutil
 import pytest
 import ray
 
-from cluster import processes
 from cluster.config import load_config
 from router.sse import sse_lines
-from tests.integration.conftest import (
-    LOG_DIR,
-    REPO,
-    _cluster_processes,
-    _ready_or_fail,
-    _wait_for_exit,
-)
+from tests.integration.conftest import LOG_DIR, REPO, serving
 from tests.integration.engine_processes import is_spawned_as
 from tests.integration.prometheus import scrape, total
 
@@ -57,16 +50,9 @@ LOST = "died" if CONFIG.router.transport == "ray" else "unavailable"
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
-    before = _cluster_processes()
-    server = processes.start_pdserve(CONFIG_PATH, CONFIG, LOG_DIR / "faults", REPO)
-    try:
-        _ready_or_fail(server)
+    with serving(CONFIG_PATH, CONFIG, LOG_DIR / "faults") as server:
         wait_until_whole(server.base_url)
         yield server.base_url
-    finally:
-        returncode = processes.stop(server, signal.SIGINT, timeout_s=120)
-    assert returncode == 0, f"pdserve exited with {returncode}; see {server.log}"
-    assert not _wait_for_exit(before), "processes left behind after shutdown"
 
 
 @pytest.fixture(autouse=True)
