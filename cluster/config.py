@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     Field,
     SecretStr,
     ValidationError,
@@ -111,25 +112,30 @@ class TinyModelSpec(StrictModel):
         return self
 
 
+def _from_start_directory(path: Path) -> Path:
+    # Relative paths mean "from where pdserve was started"; every Ray worker must agree.
+    return path.expanduser().absolute()
+
+
+# A checkpoint directory on the machines that run the engines.
+LocalPath = Annotated[Path, AfterValidator(_from_start_directory)]
+
+
 class QuantizeSpec(StrictModel):
     """Make a version's checkpoint by quantizing another local checkpoint (cluster/quantize.py)."""
 
-    source: Path = Field(description="the full-precision checkpoint's directory (made first "
+    source: LocalPath = Field(description="the full-precision checkpoint's directory (made first "
                          "if another version generates it)")
     scheme: Literal["W8A8"] = Field(
         "W8A8", description="int8 weights per output channel, int8 activations per token "
         "at run time (compressed-tensors' W8A8 preset; vLLM's CPU build runs it on any x86)")
 
-    @field_validator("source")
-    @classmethod
-    def _absolute(cls, path: Path) -> Path:
-        return path.expanduser().absolute()
 
 
 class Checkpoint(StrictModel):
     """Where a model version's weights and tokenizer are."""
 
-    path: Path = Field(description="local Hugging Face model directory (weights + tokenizer)")
+    path: LocalPath = Field(description="local Hugging Face model directory (weights + tokenizer)")
     generate: TinyModelSpec | None = Field(
         None, description="generate a tiny random model at `path` if it is missing (dev only)"
     )
@@ -146,12 +152,6 @@ class Checkpoint(StrictModel):
         "chat answers carry the model's reasoning apart from its content, and structured "
         "outputs constrain only what follows the reasoning",
     )
-
-    @field_validator("path")
-    @classmethod
-    def _absolute(cls, path: Path) -> Path:
-        # Relative paths mean "from where pdserve was started"; every Ray worker must agree.
-        return path.expanduser().absolute()
 
     @model_validator(mode="after")
     def _one_maker(self) -> Checkpoint:
