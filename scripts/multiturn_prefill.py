@@ -34,6 +34,7 @@ from cluster import processes
 from cluster.bench.cli import REPO, _warm_up
 from cluster.checkpoints import ensure_checkpoints
 from cluster.config import load_config
+from cluster.engine.cpu_support import kv_bytes_per_token
 from cluster.tiny_training import held_out_prompts
 
 
@@ -85,8 +86,7 @@ def main() -> None:
     ensure_checkpoints(config)
     model = config.model.name
     source = json.loads((config.model.path / "config.json").read_text())
-    kv_bytes_per_token = (2 * source["num_hidden_layers"] * source["num_key_value_heads"]
-                          * source["hidden_size"] // source["num_attention_heads"] * 4)
+    float32 = 4
     server = processes.start_pdserve(args.config, config, args.out.parent / "logs", REPO,
                                      name="pdserve-multiturn")
     with processes.running(server) as running, httpx.Client(
@@ -95,7 +95,7 @@ def main() -> None:
         turns = [conversation(client, model, opening, args.answer_tokens)
                  for opening in held_out_prompts(args.conversations, args.opening_chars)]
     summary = {key: statistics.median(turn[key] for turn in turns) for key in turns[0]}
-    summary["answer_kv_bytes"] = args.answer_tokens * kv_bytes_per_token
+    summary["answer_kv_bytes"] = args.answer_tokens * kv_bytes_per_token(source, float32)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"turns": turns, "median": summary}, indent=2))
     print(json.dumps(summary, indent=2))

@@ -108,3 +108,10 @@ def checkpoint_quantization(hf_config: dict) -> str | None:
 def head_size(hf_config: dict) -> int:
     """Attention head size of a Hugging Face ``config.json``."""
     return hf_config.get("head_dim") or hf_config["hidden_size"] // hf_config["num_attention_heads"]
+
+
+def kv_bytes_per_token(hf_config: dict, element_bytes: int) -> int:
+    """Bytes of KV cache one token takes in a model of this ``config.json`` (keys and
+    values, every layer), at ``element_bytes`` per element (1 for fp8, 4 for float32)."""
+    return (2 * hf_config["num_hidden_layers"] * hf_config["num_key_value_heads"]
+            * head_size(hf_config) * element_bytes)

@@ -21,6 +21,7 @@ from cluster import processes
 from cluster.checkpoints import ensure_checkpoints
 from cluster.config import load_config, parse_config
 from cluster.engine.cpu_check import local_cluster_refusals
+from cluster.engine.cpu_support import kv_bytes_per_token
 from cluster.tiny_model import ensure_model
 from tests.integration.conftest import (
     CONFIG as TEST_CLUSTER_CONFIG,
@@ -121,12 +122,10 @@ def test_a_long_prompts_kv_moves_over_nixl_at_the_caches_element_size(quantized)
         "block_size"] and moved["kv_transfer_failures"] == 0
     source = json.loads((REPO / document["model"]["quantize"]["source"] / "config.json")
                         .read_text())
-    head_size = source["hidden_size"] // source["num_attention_heads"]
-    per_element = FP8_BYTES if engine["kv_cache_dtype"] == "fp8" else 4  # float32
-    per_token = 2 * source["num_hidden_layers"] * source["num_key_value_heads"] * head_size
+    per_token = kv_bytes_per_token(source, FP8_BYTES if engine["kv_cache_dtype"] == "fp8"
+                                   else 4)  # float32
     blocks = -(-moved["prompt_tokens_transferred"] // engine["block_size"])
-    assert moved["kv_bytes_transferred"] == blocks * engine["block_size"] * per_token * (
-        per_element), moved
+    assert moved["kv_bytes_transferred"] == blocks * engine["block_size"] * per_token, moved
     assert engine_stats(url)["prefill"]["kv_cache_usage"] == 0  # blocks released
     if no_fp8 is not None:
         pytest.skip(f"the KV moved in float32: this CPU cannot hold an fp8 cache ({no_fp8})")

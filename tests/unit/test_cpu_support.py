@@ -8,6 +8,7 @@ from cluster.engine.cpu_support import (
     cpuinfo_flags,
     engine_refusals,
     head_size,
+    kv_bytes_per_token,
     kv_cache_refusal,
     quantization_refusal,
 )
@@ -74,3 +75,10 @@ def test_a_checkpoints_quantization_is_read_from_its_config():
 def test_head_size_from_head_dim_or_hidden_size():
     assert head_size({"hidden_size": 128, "num_attention_heads": 4}) == 32
     assert head_size({"hidden_size": 128, "num_attention_heads": 4, "head_dim": 64}) == 64
+
+
+def test_kv_bytes_per_token_counts_keys_and_values_of_every_layer():
+    config = {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "num_hidden_layers": 4}
+    assert kv_bytes_per_token(config, 4) == 2 * 4 * 2 * 64 * 4
+    assert kv_bytes_per_token({**config, "head_dim": 32}, 1) == 2 * 4 * 2 * 32
