@@ -499,6 +499,14 @@ class DecodeRoutingConfig(PoolRoutingConfig):
         "worth to a replica, in sequence slots (it pulls only the rest over NIXL); below "
         "the load terms: a stream goes at most this many streams past the least loaded "
         "replica (0: no affinity)")
+    cache_aware_path: bool = Field(
+        True, description="compare only the prompt tokens missing from the prefix cache of "
+        "the decode replica believed to hold the longest head of the prompt with "
+        "router.disaggregation_threshold_tokens, and send a request under it to that "
+        "replica decode-local: the next turn of a conversation, whose prompt and answer "
+        "that engine computed, skips the prefill pool and the transfer (false: the whole "
+        "prompt's length decides); docs/design.md, 'The next turn stays on its decode "
+        "engine'")
 
 
 class RoutingConfig(StrictModel):

@@ -10,13 +10,15 @@ id while vLLM's layer runs it, so ``generate`` finds its admission and metrics.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any
 
 from cluster.engine.messages import EngineRequest
-from router.disaggregation import Route, choose_path
+from router.decode_prefixes import DecodeCacheLink
+from router.disaggregation import PathChoice, Route, choose_path_with_cache
 from router.errors import APIError
 from router.flow import DisaggregatedFlow, continuation
 from router.lifecycle import RequestLifecycle
@@ -50,7 +52,10 @@ class PDEngineClient:
 
     def __init__(self, vllm_config: Any, renderer: Any, flow: DisaggregatedFlow, *,
                  disaggregation_threshold: int, stream_chunk_interval_s: float = 0.0,
-                 cache: ResponseCache | None = None):
+                 cache: ResponseCache | None = None,
+                 decode_cache: DecodeCacheLink | None = None):
+        """``decode_cache``: the decode pool's prefix belief, when the path counts only the
+        tokens the decode engine lacks (``router.routing.decode.cache_aware_path``)."""
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
         self.renderer = renderer
@@ -63,6 +68,7 @@ class PDEngineClient:
         self._vocab_size = self.model_config.get_vocab_size()
         self._requests: dict[str, RequestLifecycle] = {}
         self.cache = cache
+        self._decode_cache = decode_cache
 
     def register(self, key: str, lifecycle: RequestLifecycle) -> None:
         """A request vLLM's layer is about to run (a stream: until it ends)."""
@@ -99,12 +105,14 @@ class PDEngineClient:
             lifecycle.record_failure(error)
             raise
         cost = kv_cost(token_ids, sampling_params)
-        route = self.route(token_ids, sampling_params)
+        path = self.route(token_ids, sampling_params)
+        route = path.route
         # The prompts of one batched request run one after another: Serve gives the calls a
         # request makes its own internal id, and two streams of one id at once lose one.
         request = EngineRequest(request_id, tuple(token_ids), sampling_params,
                                 reasoning_ended, reasoning_parser_kwargs,
-                                chunk_interval_s=self._chunk_interval(sampling_params))
+                                chunk_interval_s=self._chunk_interval(sampling_params),
+                                decode_replica=path.decode_replica)
         key = self._cache_key(lifecycle, request)
         async with lifecycle.turn:
             if key is None:
@@ -182,7 +190,9 @@ class PDEngineClient:
                     "tokens; it goes on by itself", request.request_id, len(sent))
         lifecycle.cache_result("miss")  # what a unary answer's header will say
         rest = continuation(request, sent, attempt=1) if sent else request
-        route = self.route(list(rest.prompt_token_ids), rest.sampling)
+        path = self.route(list(rest.prompt_token_ids), rest.sampling)
+        rest = dataclasses.replace(rest, decode_replica=path.decode_replica)
+        route = path.route
         cost = kv_cost(rest.prompt_token_ids, rest.sampling)
         async with aclosing(self._run(lifecycle, rest, cost, route)) as outputs:
             async for output in outputs:
@@ -233,14 +243,18 @@ class PDEngineClient:
             return self._chunk_interval_s
         return 0.0
 
-    def route(self, token_ids: list[int], sampling_params: Any) -> Route:
+    def route(self, token_ids: list[int], sampling_params: Any) -> PathChoice:
         """Per-request disaggregation, and the requests the prefill pool cannot serve.
 
         ``n`` > 1: each choice on the decode engine would pull the same remote blocks,
         which the prefill engine frees after the first pull. Prompt logprobs (and chat
         ``echo``) make the decode engine recompute the prompt anyway. Both are prefilled
-        by the decode engine.
+        by the decode engine. The rest go by the tokens the decode engine would compute:
+        the prompt, less the head a decode replica holds (router/disaggregation.py).
         """
         if sampling_params.n > 1 or sampling_params.prompt_logprobs is not None:
-            return "decode_local"
-        return choose_path(len(token_ids), self._threshold)
+            return PathChoice("decode_local")
+        holder, held = (None, 0)
+        if self._decode_cache is not None and len(token_ids) >= self._threshold > 0:
+            holder, held = self._decode_cache.holder(token_ids)
+        return choose_path_with_cache(len(token_ids), self._threshold, holder, held)

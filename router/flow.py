@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from cluster.config import Deadlines
 from cluster.engine.messages import EngineRequest, PrefillResult
+from router.decode_prefixes import DecodeCacheLink
 from router.disaggregation import Route
 from router.errors import service_unavailable
 from router.retry import Action, Failure, PoolBreaker, RetryPolicy
@@ -49,7 +50,8 @@ class DisaggregatedFlow:
                  clock: Callable[[], float] = time.monotonic,
                  on_retry: Callable[[str, Failure, Action, str], None] | None = None,
                  caller: tuple[str, str] | None = None,
-                 prefill_replicas: Callable[[], int | None] = lambda: None):
+                 prefill_replicas: Callable[[], int | None] = lambda: None,
+                 decode_cache: DecodeCacheLink | None = None):
         """Without ``retry`` nothing is retried; without ``deadlines`` nothing times out.
         ``classify`` tells the policy what a failure was (default: Ray's and vLLM's
         exception types, router.failures); ``on_retry(stage, failure, action,
@@ -57,7 +59,9 @@ class DisaggregatedFlow:
         (namespace, name), stamped on each request so that engines abort the requests
         of a router replica that died (cluster/engine/callers.py).
         ``prefill_replicas()``: how many prefill replicas Serve's router here knows (None:
-        not known yet); at 0 prompts go to the decode engine at once."""
+        not known yet); at 0 prompts go to the decode engine at once. ``decode_cache``:
+        the decode pool's prefix belief (router/decode_prefixes.py), told each answer that
+        finished, whose blocks its engine now holds."""
         self._prefill = prefill_handle
         self._decode = decode_handle.options(stream=True)
         self._decode_unary = decode_handle
@@ -72,6 +76,7 @@ class DisaggregatedFlow:
         self._prefill_breaker = PoolBreaker(self._retry.prefill_cooldown_s)
         self._caller = caller
         self._prefill_replicas = prefill_replicas
+        self.decode_cache = decode_cache
 
     async def generate(
         self, request: EngineRequest, path: Route = "disaggregated", *, one_piece: bool = False,
@@ -165,6 +170,8 @@ class DisaggregatedFlow:
                     finished = output.finished
                     if output.outputs:
                         sent.extend(output.outputs[0].token_ids)
+                    if finished:  # before the yield: a consumer may stop at the last output
+                        self._decoded(request, current, sent)
                     yield output
                 return
             except StopAsyncIteration:
@@ -191,6 +198,13 @@ class DisaggregatedFlow:
                     stream.cancel()
                     logger.info("request %s stopped before it finished; aborted",
                                 current.request_id)
+
+    def _decoded(self, request: EngineRequest, current: EngineRequest,
+                 sent: list[int]) -> None:
+        """``current`` (``request`` or its continuation) finished: its decode engine holds
+        the prompt and the answer (one choice only: ``sent`` mixes the choices of n > 1)."""
+        if self.decode_cache is not None and request.sampling.n == 1:
+            self.decode_cache.finished(current.request_id, (*request.prompt_token_ids, *sent))
 
     def _release(self, request_id: str, handle) -> None:
         """Ask a decode replica, in the background, to give ``handle`` up (vLLM's
@@ -276,7 +290,8 @@ def continuation(request: EngineRequest, sent: list[int], attempt: int) -> Engin
     # Its own id: the engine that failed may still be aborting the first one.
     return dataclasses.replace(
         request, request_id=f"{request.request_id}-retry{attempt}",
-        prompt_token_ids=(*request.prompt_token_ids, *sent), sampling=sampling)
+        prompt_token_ids=(*request.prompt_token_ids, *sent), sampling=sampling,
+        decode_replica=None)  # not back to the replica that failed it, if it still runs
 
 
 async def _within(awaitable: Awaitable[T], timeout_s: float | None) -> T:

@@ -119,6 +119,65 @@ class PrefixIndex:
             del self._owner[block_hash]
 
 
+class DecodeCacheBelief:
+    """What each decode replica is believed to hold in its prefix cache: the prompts routed
+    to it and, once a request has finished there, its prompt and answer (the engine cached
+    the answer's blocks as it generated them, so the next turn of the conversation finds
+    them). Not thread-safe: router/decode_prefixes.py guards it.
+    """
+
+    def __init__(self, block_size: int, max_blocks: int, capacity: int,
+                 max_requests: int = 10_000):
+        self.block_size = block_size
+        self.max_blocks = max_blocks
+        self._index = PrefixIndex(capacity)
+        self._routed: OrderedDict[str, ReplicaId] = OrderedDict()
+        self._max_requests = max_requests
+
+    @property
+    def settings(self) -> tuple[int, int, int]:
+        """What two beliefs must share to be one (block size, blocks hashed, capacity)."""
+        return self.block_size, self.max_blocks, self._index.capacity
+
+    def hashes(self, token_ids: Sequence[int]) -> tuple[BlockHash, ...]:
+        return prefix_block_hashes(token_ids, self.block_size, self.max_blocks)
+
+    def match(self, token_ids: Sequence[int]) -> dict[ReplicaId, int]:
+        """Per replica, how many leading blocks of ``token_ids`` it is believed to hold."""
+        return self._index.match(self.hashes(token_ids))
+
+    def holder(self, token_ids: Sequence[int]) -> tuple[ReplicaId | None, int]:
+        """The replica believed to hold the longest head of ``token_ids``, and how many
+        tokens of it (``(None, 0)``: none holds a whole block)."""
+        matched = self.match(token_ids)
+        if not matched:
+            return None, 0
+        replica = max(sorted(matched), key=lambda r: matched[r])
+        return replica, min(matched[replica] * self.block_size, len(token_ids))
+
+    def routed(self, request_id: str, token_ids: Sequence[int], replica: ReplicaId) -> None:
+        """``request_id`` went to ``replica``, which will hold its prompt."""
+        self._index.record(self.hashes(token_ids), replica)
+        self._routed[request_id] = replica
+        self._routed.move_to_end(request_id)
+        while len(self._routed) > self._max_requests:
+            self._routed.popitem(last=False)
+
+    def finished(self, request_id: str, sequence: Sequence[int]) -> None:
+        """``request_id`` ended with ``sequence`` (prompt and answer) computed on the replica
+        it was routed to (unknown, or forgotten: nothing recorded). The last generated
+        token was never fed back, so its KV does not exist: it is left out."""
+        replica = self._routed.pop(request_id, None)
+        if replica is not None:
+            self._index.record(self.hashes(sequence[:-1]), replica)
+
+    def forget(self, replica: ReplicaId) -> None:
+        """A replica that left the pool (its cache went with it)."""
+        self._index.forget(replica)
+        for request_id in [r for r, owner in self._routed.items() if owner == replica]:
+            del self._routed[request_id]
+
+
 # ---------------------------------------------------------------------------------------
 # What this router sent that the replicas have not reported yet
 
@@ -392,18 +451,23 @@ def affinity_bonus(load: ReplicaLoad, matched_blocks: int, prompt_tokens: int,
 def rank_decode(
     loads: Sequence[ReplicaLoad], policy: DecodePolicy, rng: random.Random | None = None,
     matched_blocks: Mapping[ReplicaId, int] | None = None, prompt_tokens: int = 0,
+    pinned: ReplicaId | None = None,
 ) -> tuple[ReplicaId, ...]:
     """Every candidate, least loaded first (less the prefix-affinity bonus of the blocks
     ``matched_blocks`` says a replica holds of this ``prompt_tokens`` prompt; a tie goes
     to the larger bonus); above the KV high-water mark next; stale after them; a replica
-    whose engine died last of all."""
+    whose engine died last of all.
+
+    ``pinned``: the replica whose prefix cache made this request decode-local
+    (router/disaggregation.py) comes first among the live, fresh, not full ones, whatever
+    its load: anywhere else the engine would prefill the whole prompt."""
     tie = _tie_breaks(loads, rng)
     matched = matched_blocks or {}
 
     def key(load: ReplicaLoad):
         full = load.kv_usage >= policy.kv_high_water
         bonus = affinity_bonus(load, matched.get(load.replica_id, 0), prompt_tokens, policy)
-        return (load.dead, load.stale, full, decode_score(load, policy) - bonus, -bonus,
-                tie[load.replica_id])
+        return (load.dead, load.stale, full, load.replica_id != pinned,
+                decode_score(load, policy) - bonus, -bonus, tie[load.replica_id])
 
     return tuple(load.replica_id for load in sorted(loads, key=key))

@@ -10,7 +10,8 @@ after a backoff, when all of them are full.
 Two hooks keep the routers' own state: ``on_request_routed`` (the replica accepted the
 request: record its prefix there, count it as pending) and ``on_request_completed``
 (drop it from the pending tally). Serve runs all of these on the router's event loop, so
-the state needs no lock.
+the state needs no lock, except the decode pool's prefix belief, which the request flow
+also reads and writes (router/decode_prefixes.py).
 
 No FIFO or locality mixin: ``FIFOMixin`` would hand the replica chosen for this request's
 prompt to whichever request waited longest (a different prompt), and locality would
@@ -43,8 +44,9 @@ from ray.serve.request_router import (
 from cluster.config import DecodeRoutingConfig, PrefillRoutingConfig, RoutingConfig
 from cluster.digest import short_digest
 from cluster.engine.messages import EngineRequest
-from router import pool_view
+from router import decode_prefixes, pool_view
 from router.replica_choice import (
+    DecodeCacheBelief,
     DecodePolicy,
     PendingTally,
     PrefillPolicy,
@@ -253,9 +255,11 @@ class PrefillRequestRouter(_EngineRouter):
 class DecodeRequestRouter(_EngineRouter):
     """Least loaded by KV use and sequences, less a prefix-affinity bonus (``rank_decode``).
 
-    The affinity index records the prompts sent to each replica: whichever path filled it
-    (pulled from a prefill engine or prefilled locally), the prompt's blocks end up in that
-    engine's prefix cache."""
+    What the replicas hold is kept in router/decode_prefixes.py, shared with the request
+    flow: the prompts sent to each replica (whichever path filled it, pulled from a prefill
+    engine or prefilled locally, the prompt's blocks end up in that engine's prefix cache)
+    and, once finished, their answers. A request made decode-local by that cache names its
+    replica (``EngineRequest.decode_replica``), which ranks first."""
 
     policy: DecodePolicy
 
@@ -267,27 +271,30 @@ class DecodeRequestRouter(_EngineRouter):
         routing.pop(CODE_DIGEST_KEY, None)
         config = DecodeRoutingConfig.model_validate(routing)
         self.policy = DecodePolicy.from_config(config, max_num_seqs, block_size)
-        self._index = PrefixIndex(self.policy.index_capacity)
+        self._tracks_prefixes = self.policy.affinity_slots > 0 or config.cache_aware_path
+        if self._tracks_prefixes:
+            decode_prefixes.install(self._deployment_id.name, DecodeCacheBelief(
+                block_size, self.policy.max_blocks, self.policy.index_capacity))
         logger.info("decode router for %s: %s", self._deployment_id, self.policy)
 
-    def _hashes(self, request: EngineRequest) -> tuple[int, ...]:
-        return prefix_block_hashes(request.prompt_token_ids, self.policy.block_size,
-                                   self.policy.max_blocks)
-
     def _rank(self, request: EngineRequest | None, loads: list[ReplicaLoad]) -> tuple[str, ...]:
-        if request is None or self.policy.affinity_slots <= 0:
+        if request is None or not self._tracks_prefixes:
             return rank_decode(loads, self.policy, self._rng)
-        matched = self._index.match(self._hashes(request))
+        matched = {}
+        if self.policy.affinity_slots > 0:
+            matched = decode_prefixes.match(self._deployment_id.name, request.prompt_token_ids)
         return rank_decode(loads, self.policy, self._rng, matched,
-                           len(request.prompt_token_ids))
+                           len(request.prompt_token_ids), pinned=request.decode_replica)
 
     def _on_routed(self, request: EngineRequest, replica: str) -> None:
-        if self.policy.affinity_slots > 0:
-            self._index.record(self._hashes(request), replica)
+        if self._tracks_prefixes:
+            decode_prefixes.routed(self._deployment_id.name, request.request_id,
+                                   request.prompt_token_ids, replica)
 
     def _forget(self, replica: str) -> None:
         super()._forget(replica)
-        self._index.forget(replica)
+        if self._tracks_prefixes:
+            decode_prefixes.forget(self._deployment_id.name, replica)
 
 
 # ---------------------------------------------------------------------------------------

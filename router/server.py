@@ -35,6 +35,7 @@ from router.admission import client_key
 from router.admission_gate import AdmissionGate
 from router.auth import admin_access, bearer_token, configured_keys, is_authorized
 from router.canary_rollout import RolloutClient
+from router.decode_prefixes import DecodeCacheLink
 from router.errors import (
     APIError,
     admin_key_required,
@@ -173,7 +174,8 @@ class Router:
                 deadlines=config.router.deadlines,
                 on_retry=retry_counter(name, functools.partial(self._fault_seen, name)),
                 caller=caller, prefill_replicas=functools.partial(
-                    known_replicas, pools[name]["prefill"].deployment_name))
+                    known_replicas, pools[name]["prefill"].deployment_name),
+                decode_cache=DecodeCacheLink(pools[name]["decode"].deployment_name))
             served = [served for served, weights in config.served_models.items()
                       if weights.get(name) is not None]
             self._versions[name] = build_version(config, name, flow, served, self._cache_store)

@@ -66,6 +66,8 @@ def build_version(config: PDServeConfig, version: str, flow: DisaggregatedFlow,
         disaggregation_threshold=config.router.disaggregation_threshold_tokens,
         stream_chunk_interval_s=config.router.stream_chunk_interval_ms / 1000,
         cache=cache,
+        decode_cache=flow.decode_cache if config.router.routing.decode.cache_aware_path
+        else None,
     )
     frontends = {
         name: _frontend(client, name, str(checkpoint.path), checkpoint.tool_parser,

@@ -21,6 +21,7 @@ from cluster.config import DecodeRoutingConfig, parse_config
 from cluster.engine.messages import EngineRequest
 from cluster.engine.routing_stats import routing_stats_from
 from cluster.engine.stats import EngineStats
+from router.decode_prefixes import DecodeCacheLink
 from router.pool_view import known_replicas
 from router.replica_choice import DecodePolicy, PrefillPolicy, load_from_stats
 from router.replica_routers import (
@@ -63,10 +64,10 @@ class Clock:
         return self.now
 
 
-def make_router(cls, clock: Clock, **state):
+def make_router(cls, clock: Clock, deployment: DeploymentID = DEPLOYMENT, **state):
     """Construct a router the way Serve's ``AsyncioRouter`` does, then configure it."""
     router = cls(
-        deployment_id=DEPLOYMENT,
+        deployment_id=deployment,
         handle_source=DeploymentHandleSource.REPLICA,
         self_node_id="node",
         self_actor_id="actor",
@@ -310,6 +311,71 @@ def test_decode_router_ranks_a_replica_with_stale_stats_last():
         call = pending("1", engine_request("1", (1,)), None)
         ranks = await router.choose_replicas([stale, fresh, new], call)
         assert first_ids(ranks) == ["new", "fresh", "stale"]
+    run(check())
+
+
+def test_a_request_made_decode_local_by_a_replicas_cache_goes_to_it_unless_it_is_full():
+    async def check():
+        clock = Clock()
+        router = make_router(DecodeRequestRouter, clock, max_num_seqs=16)
+        idle = FakeReplica("idle", {"running_seqs": 0, "max_num_seqs": 16,
+                                    "reported_at": clock.now})
+        busy = FakeReplica("busy", {"running_seqs": 12, "max_num_seqs": 16,
+                                    "reported_at": clock.now})
+        pinned = EngineRequest("1", tuple(range(100)), SAMPLING, decode_replica="busy")
+        assert first_ids(await router.choose_replicas([idle, busy], pending("1", pinned, None))
+                         ) == ["busy", "idle"]
+        busy.routing_stats = {"running_seqs": 12, "kv_usage": 0.99, "max_num_seqs": 16,
+                              "reported_at": clock.now}
+        assert first_ids(await router.choose_replicas([idle, busy], pending("2", pinned, None))
+                         ) == ["idle", "busy"]
+    run(check())
+
+
+def test_the_flow_learns_which_replica_holds_a_conversation_through_the_shared_belief():
+    """Pickled by value as Serve ships it, the decode router shares its belief with the
+    flow's link: the prompt it routed, then the answer the flow saw finish there."""
+    async def check():
+        cls = cloudpickle.loads(RequestRouterConfig(
+            request_router_class=ROUTER_CLASSES["decode"],
+        ).get_serialized_request_router_cls())
+        pool = DeploymentID(name="decode-conversations", app_name="pdserve")
+        router = make_router(cls, Clock(), pool, max_num_seqs=16, block_size=16)
+        link = DecodeCacheLink(pool.name)
+        a, b = FakeReplica("a"), FakeReplica("b")
+        turn1 = SYSTEM_PROMPT + (1000,) * 40                  # 296 tokens: 18 whole blocks
+        call = pending("1", engine_request("1", turn1), None)
+        await router.choose_replicas([a, b], call)
+        router.on_request_routed(call, b.replica_id, result=None)
+        answer = (2000,) * 61                                  # 60 of them were fed back
+        turn2 = turn1 + answer + (3000,) * 20
+        assert link.holder(turn2) == ("b", 18 * 16)            # the prompt only, so far
+        link.finished("1", turn1 + answer)
+        assert link.holder(turn2) == ("b", (296 + 60) // 16 * 16)
+        link.finished("1", turn1 + answer + answer)            # told twice: recorded once
+        assert link.holder(turn2 + answer) == ("b", (296 + 60) // 16 * 16)
+        # another handle's router of the pool (made when first used) shares the belief
+        make_router(DecodeRequestRouter, Clock(), pool, max_num_seqs=16, block_size=16)
+        assert link.holder(turn2) == ("b", (296 + 60) // 16 * 16)
+        router.on_replica_actor_died(b.replica_id)             # its cache went with it
+        assert link.holder(turn2) == (None, 0)
+    run(check())
+
+
+@pytest.mark.parametrize(("affinity", "cache_aware", "tracked"), [
+    (0, False, False), (0, True, True), (1, False, True)])
+def test_the_decode_router_keeps_a_belief_only_for_affinity_or_the_cache_aware_path(
+        affinity, cache_aware, tracked):
+    async def check():
+        deployment = DeploymentID(name=f"decode-{affinity}-{cache_aware}", app_name="pdserve")
+        router = make_router(DecodeRequestRouter, Clock(), deployment, max_num_seqs=16,
+                             prefix_affinity_slots=affinity, cache_aware_path=cache_aware)
+        a = FakeReplica("a")
+        call = pending("1", engine_request("1", SYSTEM_PROMPT), None)
+        await router.choose_replicas([a], call)
+        router.on_request_routed(call, a.replica_id, result=None)
+        held = ("a", len(SYSTEM_PROMPT)) if tracked else (None, 0)
+        assert DecodeCacheLink(deployment.name).holder(SYSTEM_PROMPT) == held
     run(check())
 
 

@@ -25,6 +25,8 @@ pytest.importorskip("vllm")
 class FakeFlow:
     """Answers every request with the same deltas per choice (default: three of "ab")."""
 
+    decode_cache = None   # no decode pool behind it to hold prefixes
+
     def __init__(self, deltas=(("ab", [97, 98]),) * 3):
         self.requests, self.deltas = [], deltas
 

@@ -78,6 +78,42 @@ def test_decode_engine_receives_the_prompt_kv_instead_of_recomputing(pdserve):
     assert engine_stats(pdserve)["prefill"]["kv_cache_usage"] == 0  # blocks released
 
 
+def test_the_next_turn_of_a_conversation_stays_on_the_decode_engine_holding_it(
+        pdserve, reference):
+    """Turn 1, over the threshold, goes through the prefill pool. Turn 2 is turn 1's prompt,
+    its answer and a short question: the decode engine that made the answer holds all of
+    it but the question (router.routing.decode.cache_aware_path), so turn 2 goes there
+    decode-local, with no prefill and no transfer, the engine computes only what its cache
+    lacks, and the answer is colocated vLLM's, token for token."""
+    threshold = CONFIG.router.disaggregation_threshold_tokens
+    params = {"max_tokens": 40, "temperature": 0, "ignore_eos": True}
+    first = generate(pdserve, "completion", MODEL, prose(80, seed=61), stream=False, **params)
+    assert first.status == 200 and len(first.prompt_token_ids) >= threshold
+    # A question of 10 tokens: with the partial block before it, what the decode engine
+    # lacks is at most 31 + 1 + 10 tokens, under the threshold of 48.
+    question = first.prompt_token_ids[1:11]
+    turn2 = [*first.prompt_token_ids, *first.token_ids, *question]
+    held = (len(turn2) - len(question) - 1) // BLOCK_SIZE * BLOCK_SIZE  # the answer's last
+    #                                                  token was never fed back
+    assert len(turn2) - held < threshold <= len(turn2)
+    before = wait_until_idle(pdserve)
+    ours = generate(pdserve, "completion", MODEL, turn2, stream=True, **params)
+    after = wait_until_idle(pdserve)
+    theirs = generate(reference, "completion", MODEL, turn2, stream=True, **params)
+    assert ours.status == theirs.status == 200, (ours.error, theirs.error)
+    assert ours.prompt_token_ids == theirs.prompt_token_ids == turn2
+    assert ours.token_ids == theirs.token_ids, "generated tokens differ"
+
+    def delta(pool: str, key: str) -> int:
+        return after[pool][key] - before[pool][key]
+
+    assert delta("prefill", "requests_finished") == 0
+    assert delta("decode", "kv_transfers") == delta("decode", "prompt_tokens_transferred") == 0
+    cached = delta("decode", "prompt_tokens_cached")
+    assert cached >= held, (cached, held)
+    assert delta("decode", "prompt_tokens_computed") == len(turn2) - cached < threshold
+
+
 def test_a_stream_leaves_the_decode_pool_in_chunks_with_the_same_tokens(pdserve):
     """router.stream_chunk_interval_ms (20 ms, the default): the tiny model makes a token
     every few milliseconds, so a stream's tokens reach the client grouped into chunks (one

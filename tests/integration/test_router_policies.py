@@ -136,7 +136,11 @@ def test_a_decode_engine_pulls_only_what_its_prefix_cache_lacks(pdserve):
     block = CONFIG.engine.block_size
     shared = "You are a careful assistant for the pdserve test suite. " * 12  # ~21 blocks
     runs = []
-    for question in ("What is a KV cache? ", "Why split prefill and decode? "):
+    # Each question is longer than the threshold: what the decode engine lacks of the
+    # second prompt is still worth a prefill (router.routing.decode.cache_aware_path).
+    for question in ("What is a KV cache, and why does a server keep one per request? ",
+                     "Why split prefill and decode onto engines of their own, and what then "
+                     "moves between them? "):
         before = wait_until_idle(pdserve)
         answer = generate(pdserve, "completion", MODEL, shared + question, stream=False,
                           max_tokens=4, temperature=0)
@@ -150,6 +154,7 @@ def test_a_decode_engine_pulls_only_what_its_prefix_cache_lacks(pdserve):
                      "prompt": len(answer.prompt_token_ids)})
     first, second = runs
     shared_blocks = len(shared.encode()) // block   # byte-level tokens, whole blocks only
+    assert second["prompt"] - shared_blocks * block >= THRESHOLD
     assert first["prefill"]["requests_finished"] == second["prefill"]["requests_finished"] == 1
     # the second prompt's shared blocks were already on the decode engine
     assert second["decode"]["prompt_tokens_cached"] >= (shared_blocks - 1) * block

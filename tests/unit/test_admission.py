@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from cluster.config import AdmissionConfig
 from router.admission import AdmissionController, AdmissionPolicy, Expiry
-from router.disaggregation import choose_path
+from router.disaggregation import PathChoice, choose_path, choose_path_with_cache
 
 
 def policy(**fields) -> AdmissionPolicy:
@@ -136,6 +136,19 @@ def test_budget_queue_bound_and_fifo_hold_for_any_sequence(steps):
 ])
 def test_choose_path(tokens, threshold, path):
     assert choose_path(tokens, threshold) == path
+
+
+@pytest.mark.parametrize(("tokens", "threshold", "holder", "held", "choice"), [
+    (900, 256, None, 0, PathChoice("disaggregated")),              # nobody holds it
+    (900, 256, "d", 640, PathChoice("disaggregated")),              # 260 left: over
+    (900, 256, "d", 645, PathChoice("decode_local", "d")),          # 255 left: under
+    (900, 256, "d", 900, PathChoice("decode_local", "d")),          # all held: it computes 1
+    (100, 256, "d", 96, PathChoice("decode_local")),                # short anyway: not pinned
+    (900, 0, "d", 900, PathChoice("disaggregated")),                # 0 disaggregates all
+])
+def test_a_prompt_whose_head_a_decode_engine_holds_is_judged_by_the_rest(
+        tokens, threshold, holder, held, choice):
+    assert choose_path_with_cache(tokens, threshold, holder, held) == choice
 
 
 @pytest.mark.parametrize("bad", [{"token_budget": 0}, {"max_queue": -1}, {"max_wait_s": 0},

@@ -13,16 +13,29 @@ from types import SimpleNamespace
 
 import pytest
 
+from router.disaggregation import PathChoice
 from router.engine_client import PDEngineClient, request_key
 
 THRESHOLD = 16
 
 
-def client(threshold: int = THRESHOLD) -> PDEngineClient:
+def client(threshold: int = THRESHOLD, decode_cache=None) -> PDEngineClient:
     model_config = SimpleNamespace(get_vocab_size=lambda: 259, max_model_len=1024)
     vllm_config = SimpleNamespace(model_config=model_config)
     return PDEngineClient(vllm_config, renderer="renderer", flow="flow",
-                          disaggregation_threshold=threshold)
+                          disaggregation_threshold=threshold, decode_cache=decode_cache)
+
+
+class HeldHead:
+    """A decode pool's belief in which ``replica`` holds the first ``tokens`` of a prompt."""
+
+    def __init__(self, replica: str | None, tokens: int):
+        self.answer = (replica, tokens)
+        self.asked = 0
+
+    def holder(self, token_ids):
+        self.asked += 1
+        return self.answer
 
 
 def sampling(n: int = 1, prompt_logprobs: int | None = None) -> SimpleNamespace:
@@ -44,11 +57,11 @@ def test_vllms_request_ids_lead_back_to_the_routers_key(vllm_id, key):
     (THRESHOLD, "disaggregated"), (500, "disaggregated"),
 ])
 def test_a_plain_request_is_routed_by_prompt_length(prompt_tokens, route):
-    assert client().route(list(range(prompt_tokens)), sampling()) == route
+    assert client().route(list(range(prompt_tokens)), sampling()) == PathChoice(route)
 
 
 def test_a_threshold_of_zero_disaggregates_every_plain_request():
-    assert client(threshold=0).route([1], sampling()) == "disaggregated"
+    assert client(threshold=0).route([1], sampling()) == PathChoice("disaggregated")
 
 
 @pytest.mark.parametrize("params", [
@@ -59,7 +72,27 @@ def test_a_threshold_of_zero_disaggregates_every_plain_request():
 ])
 def test_what_the_prefill_pool_cannot_serve_is_prefilled_by_the_decode_engine(params):
     long_prompt = list(range(10 * THRESHOLD))
-    assert client().route(long_prompt, params) == "decode_local"
+    assert client().route(long_prompt, params) == PathChoice("decode_local")
+
+
+@pytest.mark.parametrize(("held", "choice"), [
+    (0, PathChoice("disaggregated")),
+    (10 * THRESHOLD - THRESHOLD, PathChoice("disaggregated")),        # the rest is 16
+    (10 * THRESHOLD - THRESHOLD + 1, PathChoice("decode_local", "d1")),  # the rest is 15
+    (10 * THRESHOLD, PathChoice("decode_local", "d1")),    # it still computes the last one
+])
+def test_a_long_prompt_whose_head_a_decode_replica_holds_goes_there_by_what_it_lacks(held,
+                                                                                      choice):
+    assert client(decode_cache=HeldHead("d1", held)).route(
+        list(range(10 * THRESHOLD)), sampling()) == choice
+
+
+def test_the_decode_cache_is_not_asked_when_the_prompt_alone_decides():
+    belief = HeldHead("d1", 10 * THRESHOLD)
+    assert client(decode_cache=belief).route([1, 2], sampling()) == PathChoice("decode_local")
+    assert client(threshold=0, decode_cache=belief).route(
+        list(range(10 * THRESHOLD)), sampling()) == PathChoice("disaggregated")
+    assert belief.asked == 0
 
 
 def test_it_offers_what_vllms_serving_classes_read():

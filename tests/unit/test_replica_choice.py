@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from cluster.config import DecodeRoutingConfig, PrefillRoutingConfig, parse_config
 from router.replica_choice import (
+    DecodeCacheBelief,
     DecodePolicy,
     PendingTally,
     PrefillPolicy,
@@ -293,6 +294,42 @@ def test_equal_loads_go_to_the_replica_holding_the_prompts_head():
     # the deeper match wins between two holders
     assert rank_decode(loads, AFFINE, matched_blocks={"b": 2, "c": 5},
                        prompt_tokens=100)[:2] == ("c", "b")
+
+
+def test_a_pinned_replica_ranks_first_among_the_live_fresh_and_not_full():
+    loads = [ReplicaLoad("a", running_seqs=0), ReplicaLoad("b", running_seqs=90),
+             ReplicaLoad("c", running_seqs=0, kv_usage=0.99),
+             ReplicaLoad("d", running_seqs=0, stale=True)]
+    assert rank_decode(loads, AFFINE, pinned="b")[:2] == ("b", "a")
+    assert rank_decode(loads, AFFINE, pinned="c")[:2] == ("a", "b")   # full: after them
+    assert rank_decode(loads, AFFINE, pinned="d")[0] == "a"          # stale: last
+    assert rank_decode(loads, AFFINE, pinned="gone") == rank_decode(loads, AFFINE)
+
+
+def test_the_decode_belief_holds_prompts_routed_and_the_answers_that_finished():
+    belief = DecodeCacheBelief(block_size=4, max_blocks=64, capacity=1000, max_requests=2)
+    prompt = tuple(range(10))                       # 2 whole blocks
+    belief.routed("r1", prompt, "a")
+    assert belief.holder(prompt + (99,) * 8) == ("a", 8)
+    belief.finished("r1", (*prompt, 50, 51, 52, 53, 54, 55, 56))   # 16 fed back: 4 blocks
+    assert belief.holder((*prompt, 50, 51, 52, 53, 54, 55, 56, 7)) == ("a", 16)
+    belief.finished("r1", prompt + (9,) * 20)      # already finished: not recorded again
+    assert belief.holder(prompt + (9,) * 20) == ("a", 8)
+    belief.finished("unknown", (5,) * 40)           # routed elsewhere, or long forgotten
+    assert belief.holder((5,) * 40) == (None, 0)
+
+
+def test_the_decode_belief_forgets_old_requests_and_replicas_that_left():
+    belief = DecodeCacheBelief(block_size=4, max_blocks=64, capacity=1000, max_requests=2)
+    for number in range(3):
+        belief.routed(f"r{number}", (number,) * 8, "a")
+    belief.finished("r0", (0,) * 20)                # beyond max_requests: forgotten
+    assert belief.holder((0,) * 20) == ("a", 8)
+    belief.routed("r3", (3,) * 8, "b")
+    belief.forget("b")
+    belief.finished("r3", (3,) * 20)
+    assert belief.holder((3,) * 20) == (None, 0)
+    assert belief.holder((1,) * 8) == ("a", 8)
 
 
 @pytest.mark.parametrize(("holder_seqs", "held_blocks", "first"), [

@@ -1,0 +1,74 @@
+"""The decode pools' prefix-cache beliefs, shared by their routers and the request flow (shell).
+
+Serve's request router of a decode pool (router/replica_routers.py) records where each
+request went; the request flow (router/flow.py) records what it finished with; the engine
+client (router/engine_client.py) asks which replica holds the longest head of a new
+prompt, to decide its path (router/disaggregation.py). The routers run on a loop thread
+of their own, so every access takes the lock.
+
+A module of its own, imported by reference (as router/pool_view.py): Serve pickles the
+router module by value, so state kept there would be one copy in the routers and another
+in the flow. No Ray imports.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from router.replica_choice import DecodeCacheBelief
+
+_lock = threading.Lock()
+_beliefs: dict[str, DecodeCacheBelief] = {}
+
+
+def install(deployment: str, belief: DecodeCacheBelief) -> None:
+    """A router of ``deployment`` keeps ``belief``, unless one with the same settings is
+    kept already: each handle of a pool has a router of its own (a stream's, a unary
+    call's), made when first used, and all of them share one belief."""
+    with _lock:
+        kept = _beliefs.get(deployment)
+        if kept is None or kept.settings != belief.settings:
+            _beliefs[deployment] = belief
+
+
+def match(deployment: str, token_ids: Sequence[int]) -> dict[str, int]:
+    """Per replica of ``deployment``, the leading blocks of ``token_ids`` it holds."""
+    with _lock:
+        belief = _beliefs.get(deployment)
+        return belief.match(token_ids) if belief is not None else {}
+
+
+def routed(deployment: str, request_id: str, token_ids: Sequence[int], replica: str) -> None:
+    with _lock:
+        belief = _beliefs.get(deployment)
+        if belief is not None:
+            belief.routed(request_id, token_ids, replica)
+
+
+def forget(deployment: str, replica: str) -> None:
+    with _lock:
+        belief = _beliefs.get(deployment)
+        if belief is not None:
+            belief.forget(replica)
+
+
+class DecodeCacheLink:
+    """One decode deployment's belief, as the request flow and engine client use it."""
+
+    def __init__(self, deployment: str):
+        self.deployment = deployment
+
+    def holder(self, token_ids: Sequence[int]) -> tuple[str | None, int]:
+        """The replica believed to hold the longest head of ``token_ids`` and how many
+        tokens of it; ``(None, 0)`` before the pool's router exists or when none does."""
+        with _lock:
+            belief = _beliefs.get(self.deployment)
+            return belief.holder(token_ids) if belief is not None else (None, 0)
+
+    def finished(self, request_id: str, sequence: Sequence[int]) -> None:
+        """``request_id`` finished with ``sequence`` (prompt and answer) on its replica."""
+        with _lock:
+            belief = _beliefs.get(self.deployment)
+            if belief is not None:
+                belief.finished(request_id, sequence)
