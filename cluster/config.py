@@ -488,6 +488,11 @@ class DecodeRoutingConfig(PoolRoutingConfig):
     slots in use, of the engine's ``max_num_seqs``, plus weighted KV-cache use), less the
     prefix affinity of a replica that holds the prompt's head."""
 
+    max_blocks: int = Field(
+        512, ge=0, description="leading KV blocks of a prompt hashed for affinity and for "
+        "the cache-aware path (bounds the router's work per request: ~0.2 us a block); a "
+        "conversation longer than this counts its tail as uncached. 512: 8K tokens in "
+        "blocks of 16, ~0.1 ms of hashing")
     kv_weight: float = Field(
         1.0, ge=0, description="weight of KV-cache use against the share of sequence slots "
         "(1: a full cache weighs as much as max_num_seqs running sequences)")

@@ -412,7 +412,7 @@ class DecodePolicy:
     stale_after_s: float              # a report older than this ranks its replica last
     affinity_slots: float = 0.0       # a replica holding the whole prompt: this many slots
     block_size: int = 16              # the engines' KV block size (prefixes are hashed in it)
-    max_blocks: int = 64              # leading blocks hashed per prompt
+    max_blocks: int = 512             # leading blocks hashed per prompt (and answer)
     index_capacity: int = 100_000     # blocks remembered by the decode PrefixIndex
 
     @classmethod

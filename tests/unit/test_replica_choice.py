@@ -415,7 +415,7 @@ def test_policies_are_built_from_the_routing_config_and_the_engines():
                       index_capacity=50, stale_after_s=2))
     assert DecodePolicy.from_config(routing.decode, max_num_seqs=64, block_size=32) == (
         DecodePolicy(kv_weight=0.5, kv_high_water=0.8, default_max_num_seqs=64,
-                     stale_after_s=3, affinity_slots=1.0, block_size=32, max_blocks=64,
+                     stale_after_s=3, affinity_slots=1.0, block_size=32, max_blocks=512,
                      index_capacity=100_000))
     # the defaults are the values the policies had in code before they moved to the config
     defaults = parse_config({"model": {"name": "m", "path": "/m"}}).router.routing
