@@ -44,11 +44,18 @@ def main(argv: list[str] | None = None) -> int:
     from cluster.bench.cli import add_parser as add_bench_parser
 
     add_bench_parser(commands)
+    from cluster.planner.cli import add_parser as add_plan_parser
+
+    add_plan_parser(commands)
     args = parser.parse_args(argv)
     if args.command == "bench":
         from cluster.bench.cli import main as bench_main
 
         return bench_main(args)
+    if args.command == "plan":
+        from cluster.planner.cli import main as plan_main
+
+        return plan_main(args)
     try:
         config = load_config(args.config)
     except ConfigError as error:

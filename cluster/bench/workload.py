@@ -128,7 +128,7 @@ def _lognormal_with_mean(rng: random.Random, mean: float, sigma: float) -> float
     return rng.lognormvariate(math.log(mean) - sigma**2 / 2, sigma)
 
 
-def _lengths(spec: WorkloadSpec, rng: random.Random) -> tuple[int, int, str]:
+def request_lengths(spec: WorkloadSpec, rng: random.Random) -> tuple[int, int, str]:
     """(prompt tokens, output tokens, kind) of one request, before scaling."""
     if spec.name == "interference":
         if rng.random() < spec.long_fraction:
@@ -179,7 +179,7 @@ def plan(spec: WorkloadSpec, count_tokens: Callable[[str], int]) -> list[Planned
                                            earlier.prompt_tokens, earlier.max_tokens,
                                            earlier.kind))
             continue
-        prompt_tokens, output_tokens, kind = _lengths(spec, rng)
+        prompt_tokens, output_tokens, kind = request_lengths(spec, rng)
         prompt_tokens = max(8, round(prompt_tokens * spec.scale))
         output_tokens = max(1, round(output_tokens * spec.scale))
         output_tokens = min(output_tokens, spec.max_model_len - prompt_tokens - 16)

@@ -1,0 +1,75 @@
+"""How long an engine step takes (pure): a roofline with fixed costs.
+
+A step computes ``new_tokens`` tokens (prompt chunks and one token per decoding sequence)
+that attend over ``token_pairs`` (query, key) pairs, and reads the weights once and the
+KV cache of every token its sequences hold (``context_tokens``). Its time is the larger of
+compute and memory time on ``tp`` accelerators, plus a fixed cost per step (scheduling,
+kernel launches, tensor-parallel all-reduce latency):
+
+    t = max(F / (tp * peak * mfu(n)), bytes / (tp * bandwidth * mbu)) + step_overhead
+
+``mfu(n) = mfu * n / (n + n_half)``: a small step does not reach the large step's
+efficiency (n_half = 0: flat). The defaults, MFU 0.5 and MBU 0.8 with 3 ms per step, are
+those of the independent roofline in ../shared/notes/cost-levers-planner.md (B2). A KV
+transfer takes ``latency + bytes / (link * efficiency)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cluster.planner.hardware import Accelerator
+from cluster.planner.model import ModelShape
+
+
+@dataclass(frozen=True)
+class Roofline:
+    model: ModelShape
+    accelerator: Accelerator
+    tp: int = 1
+    compute_dtype: str = "bf16"     # the weights' dtype and the tensor cores' (fp8: W8A8)
+    kv_dtype: str = "bf16"
+    mfu: float = 0.5
+    n_half: float = 0.0
+    mbu: float = 0.8
+    step_overhead_s: float = 0.003
+
+    def __post_init__(self) -> None:
+        if self.tp < 1 or not 0 < self.mfu <= 1 or not 0 < self.mbu <= 1:
+            raise ValueError("tp >= 1 and mfu, mbu in (0, 1] required")
+        self.accelerator.flops(self.compute_dtype)  # refuses a dtype it lacks
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.model.kv_bytes_per_token(self.kv_dtype)
+
+    def kv_capacity_tokens(self, memory_utilization: float = 0.9) -> int:
+        """KV tokens that fit beside the weights in ``tp`` accelerators' memory."""
+        free = (self.tp * self.accelerator.memory_bytes * memory_utilization
+                - self.model.weight_bytes(self.compute_dtype))
+        return max(0, int(free // self.kv_bytes_per_token))
+
+    def step_time(self, new_tokens: int, token_pairs: float, context_tokens: int) -> float:
+        """Seconds for one step (see the module docstring); 0 for an empty step."""
+        if new_tokens <= 0:
+            return 0.0
+        flops = (self.model.matmul_flops(new_tokens)
+                 + self.model.attention_flops(token_pairs))
+        efficiency = self.mfu * new_tokens / (new_tokens + self.n_half)
+        compute = flops / (self.tp * self.accelerator.flops(self.compute_dtype) * efficiency)
+        moved = (self.model.weight_bytes(self.compute_dtype)
+                 + (context_tokens + new_tokens) * self.kv_bytes_per_token)
+        memory = moved / (self.tp * self.accelerator.memory_bandwidth * self.mbu)
+        return max(compute, memory) + self.step_overhead_s
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """A KV transfer between pools: a fixed latency plus bytes over the sender's links."""
+
+    bandwidth: float                # bytes/s, all of one replica's links together
+    latency_s: float = 0.002
+    efficiency: float = 0.8
+
+    def time(self, num_bytes: float) -> float:
+        return self.latency_s + num_bytes / (self.bandwidth * self.efficiency)

@@ -1,0 +1,237 @@
+"""The cheapest cluster that meets the SLOs (pure).
+
+For a model on an accelerator at a peak rate: how many replicas each pool needs, by
+simulating a slice of the fleet (cluster/planner/des.py) at the matching slice of the
+traffic. The search starts from an analytic bracket (each pool's throughput by the step
+cost model) and grows each pool until the simulated p95 TTFT and ITL meet the SLOs.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, replace
+
+from cluster.bench.workload import WorkloadSpec
+from cluster.percentile import percentile
+from cluster.planner.cost_model import Roofline, Transfer
+from cluster.planner.des import ClusterSpec, EngineLimits, SimResult, Simulation
+from cluster.planner.model import prefill_pairs
+from cluster.planner.workload import diurnal_shape, mean_lengths, requests
+
+
+@dataclass(frozen=True)
+class Slo:
+    ttft_p95_s: float = 0.5
+    itl_p95_s: float = 0.05
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a plan is for. Each pool's cost model carries its tensor parallelism; its
+    limits are vLLM's batch limits (their KV capacity is the cost model's)."""
+
+    prefill_cost: Roofline
+    decode_cost: Roofline
+    prefill: EngineLimits
+    decode: EngineLimits
+    transfer: Transfer
+    workload: WorkloadSpec            # lengths (and seed); its rate is the peak rate
+    slo: Slo = Slo()
+    threshold_tokens: int = 256
+    report_interval_s: float = 1.0
+    sim_seconds: float = 40.0
+    warmup_s: float = 10.0
+    slice_replicas: int = 32          # of the smaller pool simulated (docs/planning.md)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    prefill_replicas: int
+    decode_replicas: int
+    simulated: tuple[int, int]        # replicas of each pool in the simulated slice
+    ttft_s: dict[str, float]          # p50, p95, p99
+    itl_s: dict[str, float]
+    # p95 of the part of TTFT spent before the KV reached decode (prefill queue, compute,
+    # transfer) and of the rest (waiting for a decode slot, the first step)
+    before_decode_p95_s: float
+    on_decode_p95_s: float
+    prefill_busy: float               # share of time its engines step, while traffic arrives
+    decode_busy: float
+
+    def meets(self, slo: Slo) -> bool:
+        return self.ttft_s["p95"] <= slo.ttft_p95_s and self.itl_s["p95"] <= slo.itl_p95_s
+
+
+def cluster_spec(inputs: PlanInputs, prefill_replicas: int, decode_replicas: int) -> ClusterSpec:
+    kv_bytes = inputs.decode_cost.kv_bytes_per_token
+    return ClusterSpec(
+        prefill_replicas, decode_replicas, inputs.prefill_cost.step_time,
+        inputs.decode_cost.step_time, lambda prompt: inputs.transfer.time(prompt * kv_bytes),
+        prefill_limits=replace(inputs.prefill, kv_capacity_tokens=max(
+            1, inputs.prefill_cost.kv_capacity_tokens())),
+        decode_limits=replace(inputs.decode, kv_capacity_tokens=max(
+            1, inputs.decode_cost.kv_capacity_tokens())),
+        threshold_tokens=inputs.threshold_tokens, report_interval_s=inputs.report_interval_s)
+
+
+def slice_of(prefill_replicas: int, decode_replicas: int, slice_replicas: int
+             ) -> tuple[int, int, float]:
+    """Replicas of each pool to simulate and the share of the traffic they get."""
+    fraction = min(1.0, slice_replicas / max(1, min(prefill_replicas, decode_replicas)))
+    simulated_decode = max(1, round(decode_replicas * fraction))
+    share = simulated_decode / decode_replicas
+    return max(1, round(prefill_replicas * share)), simulated_decode, share
+
+
+def predict(inputs: PlanInputs, prefill_replicas: int, decode_replicas: int) -> Prediction:
+    """Simulate the slice of this cluster and read its percentiles after the warm-up."""
+    sim_p, sim_d, share = slice_of(prefill_replicas, decode_replicas, inputs.slice_replicas)
+    rate = inputs.workload.rate * share
+    spec = replace(inputs.workload, rate=rate,
+                   num_requests=max(1, round(rate * inputs.sim_seconds)))
+    result = Simulation(cluster_spec(inputs, sim_p, sim_d), requests(spec),
+                        random.Random(spec.seed)).run()
+    return _read(result, inputs, prefill_replicas, decode_replicas, (sim_p, sim_d))
+
+
+def _read(result: SimResult, inputs: PlanInputs, prefill_replicas: int,
+          decode_replicas: int, simulated: tuple[int, int]) -> Prediction:
+    measured = [(request, outcome) for request, outcome in zip(
+        result.requests, result.outcomes, strict=True) if request.arrival_s >= inputs.warmup_s]
+    ttfts = sorted(o.ttft_s if o.ttft_s is not None else math.inf for _, o in measured)
+    gaps = [(took, count) for at, took, count in result.token_gaps if at >= inputs.warmup_s]
+    span = max(result.last_arrival_s, 1e-9)
+    before = sorted(o.ready_s or 0.0 for _, o in measured)
+    on_decode = sorted((o.ttft_s if o.ttft_s is not None else math.inf) - (o.ready_s or 0.0)
+                       for _, o in measured)
+    return Prediction(
+        prefill_replicas, decode_replicas, simulated,
+        {name: percentile(ttfts, q) for name, q in (("p50", 50), ("p95", 95), ("p99", 99))},
+        {name: weighted_percentile(gaps, q) for name, q in
+         (("p50", 50), ("p95", 95), ("p99", 99))},
+        percentile(before, 95) or 0.0, percentile(on_decode, 95) or 0.0,
+        result.busy_s["prefill"] / (span * max(1, simulated[0])),
+        result.busy_s["decode"] / (span * max(1, simulated[1])))
+
+
+def weighted_percentile(samples: list[tuple[float, int]], q: float) -> float:
+    """The ``q``-th percentile of values each counted ``weight`` times."""
+    if not samples:
+        return 0.0
+    ordered = sorted(samples)
+    total = sum(weight for _, weight in ordered)
+    target, seen = total * q / 100, 0
+    for value, weight in ordered:
+        seen += weight
+        if seen >= target:
+            return value
+    return ordered[-1][0]
+
+
+# ---------------------------------------------------------------------------------------
+# The search
+
+
+def bracket(inputs: PlanInputs) -> tuple[int, int]:
+    """Fewest replicas of each pool whose throughput covers the peak, by the cost model
+    alone (no queueing): prefill at full steps of ``max_num_batched_tokens``; decode at
+    the largest batch whose step stays within the ITL SLO."""
+    mean_prompt, mean_output = mean_lengths(inputs.workload)
+    rate = inputs.workload.rate
+    budget = inputs.prefill.max_num_batched_tokens
+    chunks = max(1.0, budget / mean_prompt)
+    step = inputs.prefill_cost.step_time(budget, chunks * prefill_pairs(int(mean_prompt)), 0)
+    prefill = math.ceil(rate * mean_prompt / (budget / step))
+    context = mean_prompt + mean_output / 2
+    batch = best_decode_batch(inputs, context)
+    step = inputs.decode_cost.step_time(batch, batch * context, int(batch * context))
+    decode = math.ceil(rate * mean_output / (batch / step))
+    return max(1, prefill), max(1, decode)
+
+
+def best_decode_batch(inputs: PlanInputs, context: float) -> int:
+    """The largest decode batch (within ``max_num_seqs`` and the KV cache) whose step
+    takes at most the ITL SLO."""
+    limit = min(inputs.decode.max_num_seqs,
+                int(inputs.decode_cost.kv_capacity_tokens() // max(1.0, context)))
+    best = 1
+    for batch in range(1, max(1, limit) + 1):
+        if inputs.decode_cost.step_time(batch, batch * context, int(batch * context)) \
+                > inputs.slo.itl_p95_s:
+            break
+        best = batch
+    return best
+
+
+@dataclass(frozen=True)
+class Plan:
+    inputs: PlanInputs
+    prediction: Prediction
+    tried: tuple[Prediction, ...]
+
+    @property
+    def gpus(self) -> tuple[int, int]:
+        return (self.prediction.prefill_replicas * self.inputs.prefill_cost.tp,
+                self.prediction.decode_replicas * self.inputs.decode_cost.tp)
+
+    def dollars_per_hour(self) -> float:
+        prefill, decode = self.gpus
+        return ((prefill * self.inputs.prefill_cost.accelerator.price_per_hour)
+                + decode * self.inputs.decode_cost.accelerator.price_per_hour)
+
+    def gpu_hours_per_day(self, peak_to_mean: float, night_share: float = 0.05) -> float:
+        """GPU-hours a day with each pool scaled to each hour's rate (the autoscalers'
+        targets are per replica, so replicas follow the rate), at least one replica."""
+        hours = 0.0
+        for share in diurnal_shape(peak_to_mean, night_share):
+            hours += (max(1, math.ceil(self.prediction.prefill_replicas * share))
+                      * self.inputs.prefill_cost.tp
+                      + max(1, math.ceil(self.prediction.decode_replicas * share))
+                      * self.inputs.decode_cost.tp)
+        return hours
+
+
+def search(inputs: PlanInputs, growth: float = 1.08, max_steps: int = 40) -> Plan:
+    """The first cluster, growing from the bracket, whose slice meets the SLOs, then each
+    pool shrunk while they still hold. A pool grows while the part of the latency it owns
+    misses: the decode pool for the ITL, and for the TTFT whichever of the two parts of
+    the TTFT (before the KV reaches decode; waiting for a decode slot and the first step)
+    is the larger at p95."""
+    prefill, decode = bracket(inputs)
+    tried = []
+    for _ in range(max_steps):
+        prediction = predict(inputs, prefill, decode)
+        tried.append(prediction)
+        if prediction.meets(inputs.slo):
+            break
+        grow_decode = prediction.itl_s["p95"] > inputs.slo.itl_p95_s
+        if prediction.ttft_s["p95"] > inputs.slo.ttft_p95_s:
+            if prediction.before_decode_p95_s >= prediction.on_decode_p95_s:
+                prefill = max(prefill + 1, math.ceil(prefill * growth))
+            else:
+                grow_decode = True
+        if grow_decode:
+            decode = max(decode + 1, math.ceil(decode * growth))
+    else:
+        raise RuntimeError(f"no cluster met the SLOs within {max_steps} steps; last: "
+                           f"{tried[-1]}")
+    best = tried[-1]
+    for pool in ("prefill", "decode"):
+        while True:
+            smaller = (best.prefill_replicas - (pool == "prefill"),
+                       best.decode_replicas - (pool == "decode"))
+            if min(smaller) < 1:
+                break
+            shrunk = math.floor(getattr(best, f"{pool}_replicas") / growth ** 0.5)
+            candidate = (shrunk, best.decode_replicas) if pool == "prefill" \
+                else (best.prefill_replicas, shrunk)
+            if min(candidate) < 1 or candidate == (best.prefill_replicas,
+                                                   best.decode_replicas):
+                break
+            prediction = predict(inputs, *candidate)
+            tried.append(prediction)
+            if not prediction.meets(inputs.slo):
+                break
+            best = prediction
+    return Plan(inputs, best, tuple(tried))
