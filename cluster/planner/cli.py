@@ -20,6 +20,25 @@ REPO = Path(__file__).resolve().parents[2]
 def add_parser(commands) -> None:
     plan = commands.add_parser("plan", help="size a cluster for a peak rate "
                                "(see docs/planning.md)")
+    plan.add_argument("action", nargs="?", default="size",
+                      choices=["size", "calibrate", "replay"],
+                      help="size (default): plan a cluster; calibrate: time this "
+                      "machine's engines of --config and fit their step cost (--out FILE); "
+                      "replay: run recorded `pdserve bench run` traces (--trace, the "
+                      "first fits the serving layer's constants) through the simulator "
+                      "with --calibration, on --config's pools")
+    plan.add_argument("--config", type=Path, default=REPO / "ray_configs/bench.yaml",
+                      help="calibrate, replay: the served pdserve config")
+    plan.add_argument("--calibration", type=Path, default=None,
+                      help="replay: a `pdserve plan calibrate` file")
+    plan.add_argument("--trace", type=Path, action="append", default=[],
+                      help="replay: a `pdserve bench run` JSON file (repeatable)")
+    plan.add_argument("--prompt-lengths", default=None,
+                      help="calibrate: prompt lengths swept (default 16,...,8192)")
+    plan.add_argument("--decode-batches", default=None,
+                      help="calibrate: decode batch sizes swept (default 1,...,64)")
+    plan.add_argument("--transfer-ms", type=float, default=0.0,
+                      help="replay: a KV transfer's time between the pools")
     plan.add_argument("--model", default="llama-3.1-70b",
                       help="llama-3.1-70b, or a checkpoint folder or config.json path")
     plan.add_argument("--accelerator", default="h100", help="h100, h200 or a100")
@@ -39,6 +58,15 @@ def add_parser(commands) -> None:
                       help="router.disaggregation_threshold_tokens")
     plan.add_argument("--fp8", action="store_true",
                       help="fp8 weights (W8A8) and KV cache on both pools")
+    plan.add_argument("--prefix-hit", type=float, default=0.0,
+                      help="share of prompt tokens in the engines' prefix caches")
+    plan.add_argument("--response-cache-hit", type=float, default=0.0,
+                      help="share of requests the router's response cache answers")
+    plan.add_argument("--lever-table", action="store_true",
+                      help="also plan with each lever alone (fp8, --table-prefix-hit, "
+                      "--table-response-cache-hit) and print what each saves")
+    plan.add_argument("--table-prefix-hit", type=float, default=0.3)
+    plan.add_argument("--table-response-cache-hit", type=float, default=0.15)
     plan.add_argument("--mfu", type=float, default=0.5)
     plan.add_argument("--mbu", type=float, default=0.8)
     plan.add_argument("--step-overhead-ms", type=float, default=3.0)
@@ -50,7 +78,9 @@ def add_parser(commands) -> None:
     plan.add_argument("--seed", type=int, default=0)
     plan.add_argument("--base-config", type=Path, default=REPO / "ray_configs/prod-70b.yaml")
     plan.add_argument("--out", type=Path, default=None,
-                      help="folder for plan.json and pdserve.yaml (the planned cluster)")
+                      help="size: a folder for plan.json and pdserve.yaml (the planned "
+                      "cluster); calibrate: the calibration file (default "
+                      "bench-results/calibration.json); replay: a folder for replay.json")
 
 
 def load_model_config(name: str) -> dict:
@@ -95,28 +125,106 @@ def inputs_from(args):
         workload=WorkloadSpec(name=args.workload, rate=args.rate, seed=args.seed,
                               max_model_len=10240),
         slo=Slo(args.ttft_p95, args.itl_p95), threshold_tokens=args.threshold,
-        sim_seconds=args.sim_seconds, slice_replicas=args.slice_replicas)
+        sim_seconds=args.sim_seconds, slice_replicas=args.slice_replicas,
+        prefix_hit=args.prefix_hit, response_cache_hit=args.response_cache_hit)
 
 
 def main(args) -> int:
+    if args.action == "calibrate":
+        return _calibrate(args)
+    if args.action == "replay":
+        return _replay(args)
+    return _size(args)
+
+
+def _calibrate(args) -> int:
+    from cluster.planner.calibrate import DECODE_BATCHES, PROMPT_LENGTHS, calibrate
+
+    def numbers(text: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
+        return default if text is None else tuple(int(n) for n in text.split(","))
+
+    out = args.out or Path("bench-results/calibration.json")
+    result = calibrate(args.config, out, numbers(args.prompt_lengths, PROMPT_LENGTHS),
+                       numbers(args.decode_batches, DECODE_BATCHES))
+    for role in ("prefill", "decode"):
+        fitted = result[role]
+        cost = ", ".join(f"{k} {v * 1e6:.3g} us" for k, v in fitted["cost"].items())
+        print(f"{role}: {cost}; {fitted['samples']} steps, error median "
+              f"{fitted['median_abs_error']:.1%}, p95 {fitted['p95_abs_error']:.1%}")
+    print(f"wrote {out}")
+    return 0
+
+
+def _replay(args) -> int:
+    from cluster.config import load_config
+    from cluster.planner.replay import Served, fit_offsets, measured, simulate, trace_requests
+
+    if args.calibration is None or not args.trace:
+        print("pdserve plan replay: needs --calibration and at least one --trace",
+              file=sys.stderr)
+        return 2
+    config = load_config(args.config)
+    calibration = json.loads(args.calibration.read_text())
+    served = Served(config.prefill.replicas, config.decode.replicas,
+                    config.router.disaggregation_threshold_tokens, calibration["prefill"],
+                    calibration["decode"], args.transfer_ms / 1000)
+    traces = [json.loads(path.read_text())["records"] for path in args.trace]
+    offset, slowdown = fit_offsets(served, traces[0])
+    first = args.trace[0]
+    print(f"fitted on {first.parent.name}/{first.name}: {offset * 1000:.1f} ms added to "
+          f"each TTFT, decode steps x{slowdown:.2f}")
+    print("| trace | | TTFT p50 | TTFT p95 | decode p50 | E2E p50 |\n|---|---|---|---|---|---|")
+    rows = []
+    for path, records in zip(args.trace, traces, strict=True):
+        name = f"{path.parent.name}/{path.name}"
+        truth = measured(records)
+        seen = simulate(served, trace_requests(records), offset, slowdown)
+        for label, values in (("measured", truth), ("simulated", seen)):
+            print(f"| {name} | {label} | " + " | ".join(
+                f"{getattr(values, k) * 1000:.0f} ms" for k in
+                ("ttft_p50", "ttft_p95", "decode_p50", "e2e_p50")) + " |")
+        errors = {k: getattr(seen, k) / getattr(truth, k) - 1 for k in
+                  ("ttft_p50", "ttft_p95", "decode_p50", "e2e_p50")}
+        print(f"| {name} | error | " + " | ".join(f"{e:+.0%}" for e in errors.values())
+              + " |")
+        rows.append({"trace": str(path), "measured": truth.__dict__,
+                     "simulated": seen.__dict__, "error": errors})
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "replay.json").write_text(json.dumps(
+            {"ttft_offset_s": offset, "decode_slowdown": slowdown, "runs": rows}, indent=2))
+    return 0
+
+
+def _size(args) -> int:
     import yaml
 
     from cluster.config import parse_config
-    from cluster.planner.output import config_document, figures, table
-    from cluster.planner.search import search
+    from cluster.planner.output import config_document, figures, lever_table, table
+    from cluster.planner.search import lever_variants, search
 
     started = time.monotonic()
     try:
         inputs = inputs_from(args)
         plan = search(inputs)
+        levers = {}
+        if args.lever_table:
+            variants = lever_variants(inputs, args.table_prefix_hit,
+                                      args.table_response_cache_hit)
+            levers = {name: plan if variant == inputs else search(variant)
+                      for name, variant in variants.items()}
     except (ValueError, RuntimeError) as error:
         print(f"pdserve plan: {error}", file=sys.stderr)
         return 2
     answer = figures(plan, args.peak_to_mean)
     answer["search_s"] = time.monotonic() - started
     print(table(answer))
-    print(f"\n{answer['candidates_simulated']} clusters simulated in "
-          f"{answer['search_s']:.0f} s")
+    if levers:
+        print("\n" + lever_table(levers))
+        answer["levers"] = {name: figures(lever, args.peak_to_mean)
+                            for name, lever in levers.items()}
+    print(f"\n{answer['candidates_simulated']} clusters simulated for the plan; "
+          f"{answer['search_s']:.0f} s in all")
     if args.out is not None:
         document = config_document(plan, yaml.safe_load(args.base_config.read_text()))
         parse_config(document, source="the planned cluster")   # loadable, or it fails here

@@ -45,6 +45,8 @@ class SimRequest:
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
+    cached_tokens: int = 0      # of the prompt, in the prefix cache of the engine that
+    #                             prefills it (a shared system prompt, an earlier turn)
 
 
 @dataclass(frozen=True)
@@ -247,12 +249,13 @@ class Simulation:
         if not self.prefill:
             path = "decode_local"
         self.outcomes[index].path = path
-        seq = _Seq(index, request.prompt_tokens, request.output_tokens)
+        cached = min(request.cached_tokens, request.prompt_tokens - 1)  # it computes the last
+        seq = _Seq(index, request.prompt_tokens, request.output_tokens, computed=cached)
         if path == "decode_local":
             self._to_decode(seq)
             return
         engine = self._pick_prefill(request.prompt_tokens)
-        self._sent(engine, request.prompt_tokens)
+        self._sent(engine, request.prompt_tokens - cached)
         engine.waiting.append(seq)
         self._kick(engine, decoding=False)
 

@@ -88,3 +88,16 @@ def config_document(plan: Plan, base: dict[str, Any]) -> dict[str, Any]:
     document.setdefault("slo", {}).update(ttft_p95_s=inputs.slo.ttft_p95_s,
                                           itl_p95_s=inputs.slo.itl_p95_s)
     return document
+
+
+def lever_table(plans: dict[str, Plan]) -> str:
+    """Each lever's plan beside the first (the plan as given): GPUs, cost, and the TTFT."""
+    base = next(iter(plans.values()))
+    lines = ["| lever | prefill + decode GPUs | $/hour at peak | GPUs saved | TTFT p95 |",
+             "|---|---|---|---|---|"]
+    for name, plan in plans.items():
+        prefill, decode = plan.gpus
+        saved = 1 - (prefill + decode) / sum(base.gpus)
+        lines.append(f"| {name} | {prefill} + {decode} | {plan.dollars_per_hour():,.0f} | "
+                     f"{saved:.0%} | {plan.prediction.ttft_s['p95'] * 1000:.0f} ms |")
+    return "\n".join(lines)

@@ -43,6 +43,20 @@ class PlanInputs:
     sim_seconds: float = 40.0
     warmup_s: float = 10.0
     slice_replicas: int = 32          # of the smaller pool simulated (docs/planning.md)
+    # Cost levers (docs/cost.md): the share of requests the router's response cache
+    # answers (the engines never see them) and of prompt tokens the engines' prefix
+    # caches hold (a shared system prompt, an earlier turn).
+    response_cache_hit: float = 0.0
+    prefix_hit: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.response_cache_hit < 1 or not 0 <= self.prefix_hit < 1:
+            raise ValueError("hit rates are in [0, 1)")
+
+    @property
+    def engine_rate(self) -> float:
+        """Requests per second that reach the engines (a response-cache hit does not)."""
+        return self.workload.rate * (1 - self.response_cache_hit)
 
 
 @dataclass(frozen=True)
@@ -87,11 +101,11 @@ def slice_of(prefill_replicas: int, decode_replicas: int, slice_replicas: int
 def predict(inputs: PlanInputs, prefill_replicas: int, decode_replicas: int) -> Prediction:
     """Simulate the slice of this cluster and read its percentiles after the warm-up."""
     sim_p, sim_d, share = slice_of(prefill_replicas, decode_replicas, inputs.slice_replicas)
-    rate = inputs.workload.rate * share
+    rate = inputs.engine_rate * share
     spec = replace(inputs.workload, rate=rate,
                    num_requests=max(1, round(rate * inputs.sim_seconds)))
-    result = Simulation(cluster_spec(inputs, sim_p, sim_d), requests(spec),
-                        random.Random(spec.seed)).run()
+    result = Simulation(cluster_spec(inputs, sim_p, sim_d),
+                        requests(spec, inputs.prefix_hit), random.Random(spec.seed)).run()
     return _read(result, inputs, prefill_replicas, decode_replicas, (sim_p, sim_d))
 
 
@@ -138,11 +152,13 @@ def bracket(inputs: PlanInputs) -> tuple[int, int]:
     alone (no queueing): prefill at full steps of ``max_num_batched_tokens``; decode at
     the largest batch whose step stays within the ITL SLO."""
     mean_prompt, mean_output = mean_lengths(inputs.workload)
-    rate = inputs.workload.rate
+    rate = inputs.engine_rate
     budget = inputs.prefill.max_num_batched_tokens
-    chunks = max(1.0, budget / mean_prompt)
-    step = inputs.prefill_cost.step_time(budget, chunks * prefill_pairs(int(mean_prompt)), 0)
-    prefill = math.ceil(rate * mean_prompt / (budget / step))
+    computed = mean_prompt * (1 - inputs.prefix_hit)
+    chunks = max(1.0, budget / computed)
+    pairs = chunks * prefill_pairs(int(computed), int(mean_prompt - computed))
+    step = inputs.prefill_cost.step_time(budget, pairs, int(chunks * mean_prompt))
+    prefill = math.ceil(rate * computed / (budget / step))
     context = mean_prompt + mean_output / 2
     batch = best_decode_batch(inputs, context)
     step = inputs.decode_cost.step_time(batch, batch * context, int(batch * context))
@@ -235,3 +251,21 @@ def search(inputs: PlanInputs, growth: float = 1.08, max_steps: int = 40) -> Pla
                 break
             best = prediction
     return Plan(inputs, best, tuple(tried))
+
+
+def lever_variants(inputs: PlanInputs, prefix_hit: float, response_cache_hit: float
+                   ) -> dict[str, PlanInputs]:
+    """``inputs`` as given, and with each cost lever added alone: fp8 weights and KV cache
+    on both pools, a prefix-cache hit rate, a response-cache hit rate."""
+    def fp8(cost: Roofline) -> Roofline:
+        return replace(cost, compute_dtype="fp8", kv_dtype="fp8")
+
+    return {
+        "as given": inputs,
+        "fp8 weights and KV": replace(inputs, prefill_cost=fp8(inputs.prefill_cost),
+                                      decode_cost=fp8(inputs.decode_cost)),
+        f"prefix cache {prefix_hit:.0%} of prompt tokens": replace(inputs,
+                                                                    prefix_hit=prefix_hit),
+        f"response cache {response_cache_hit:.0%} of requests": replace(
+            inputs, response_cache_hit=response_cache_hit),
+    }

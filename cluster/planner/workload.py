@@ -10,8 +10,11 @@ from cluster.bench.workload import WorkloadSpec, arrival_times, request_lengths
 from cluster.planner.des import SimRequest
 
 
-def requests(spec: WorkloadSpec) -> list[SimRequest]:
-    """``spec``'s arrivals and lengths (the benchmark's distributions, seeded; no text)."""
+def requests(spec: WorkloadSpec, prefix_hit: float = 0.0) -> list[SimRequest]:
+    """``spec``'s arrivals and lengths (the benchmark's distributions, seeded; no text),
+    each prompt with ``prefix_hit`` of its tokens in the prefix cache of its engine."""
+    if not 0 <= prefix_hit < 1:
+        raise ValueError(f"a prefix-cache hit rate is in [0, 1), not {prefix_hit}")
     rng = random.Random(spec.seed)
     lengths = random.Random(spec.seed + 1)
     result = []
@@ -19,7 +22,7 @@ def requests(spec: WorkloadSpec) -> list[SimRequest]:
         prompt, output, _ = request_lengths(spec, lengths)
         prompt = max(8, round(prompt * spec.scale))
         output = max(1, min(round(output * spec.scale), spec.max_model_len - prompt - 16))
-        result.append(SimRequest(send_at, prompt, output))
+        result.append(SimRequest(send_at, prompt, output, int(prompt * prefix_hit)))
     return result
 
 

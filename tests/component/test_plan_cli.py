@@ -4,11 +4,15 @@ that pdserve loads, and refuses what it cannot plan with a message."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from cluster.cli import main
 from cluster.config import load_config
+from cluster.planner.fitted import FittedCost
+
+TEST_CONFIG = Path(__file__).resolve().parents[1] / "integration" / "pdserve-test.yaml"
 
 SMALL = ["--rate", "20", "--slice-replicas", "4", "--sim-seconds", "20"]
 
@@ -49,3 +53,42 @@ def test_what_cannot_be_planned_is_refused_with_a_message(option, message, capsy
     assert exit_info.value.code != 0
     said = capsys.readouterr().err + str(exit_info.value.code)
     assert message in said
+
+
+def test_the_lever_table_plans_each_lever_alone(tmp_path, capsys):
+    assert main(["plan", "--rate", "400", "--slice-replicas", "4", "--sim-seconds", "20",
+                 "--lever-table", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    for lever in ("as given", "fp8 weights and KV", "prefix cache 30% of prompt tokens",
+                  "response cache 15% of requests"):
+        assert f"| {lever} |" in printed
+    levers = json.loads((tmp_path / "plan.json").read_text())["levers"]
+    base = levers["as given"]["gpus"]
+    assert all(plan["gpus"] <= base for plan in levers.values())
+    assert levers["fp8 weights and KV"]["gpus"] < base
+
+
+def test_calibrate_times_both_pools_engines_and_replay_uses_the_fit(tmp_path, capsys):
+    """A short sweep on the test config's engines (each pool's settings and core), then
+    a recorded run replayed through the simulator on the fitted costs."""
+    calibration = tmp_path / "calibration.json"
+    assert main(["plan", "calibrate", "--config", str(TEST_CONFIG), "--prompt-lengths",
+                 "16,512", "--decode-batches", "1,4", "--out", str(calibration)]) == 0
+    fitted = json.loads(calibration.read_text())
+    for role in ("prefill", "decode"):
+        pool = fitted[role]
+        assert pool["samples"] >= 6 and pool["max_num_batched_tokens"] > 0
+        assert pool["kv_capacity_tokens"] > 0 and min(pool["cost"].values()) >= 0
+        cost = FittedCost(**pool["cost"])
+        assert cost.step_time(512, 512 * 513 / 2, 0) > cost.step_time(16, 136, 0)
+    records = [{"sent_at": i * 0.5, "prompt_tokens": 100 + 10 * i, "output_tokens": 8,
+                "first_token_at": i * 0.5 + 0.05, "token_times": [i * 0.5 + 0.2]}
+               for i in range(20)]
+    trace = tmp_path / "run.json"
+    trace.write_text(json.dumps({"records": records}))
+    capsys.readouterr()
+    assert main(["plan", "replay", "--config", str(TEST_CONFIG), "--calibration",
+                 str(calibration), "--trace", str(trace), "--out", str(tmp_path)]) == 0
+    assert "simulated |" in capsys.readouterr().out
+    replayed = json.loads((tmp_path / "replay.json").read_text())
+    assert replayed["runs"][0]["simulated"]["ttft_p50"] == pytest.approx(0.05, rel=0.1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,13 +21,23 @@ from cluster.bench.workload import WorkloadSpec
 from cluster.config import parse_config
 from cluster.planner.cost_model import Roofline, Transfer
 from cluster.planner.des import ClusterSpec, EngineLimits, SimRequest, Simulation
+from cluster.planner.fitted import FittedCost, StepSample, fit, relative_errors
 from cluster.planner.hardware import CATALOG
 from cluster.planner.model import LLAMA_3_1_70B, ModelShape, prefill_pairs
 from cluster.planner.output import config_document, figures
+from cluster.planner.replay import (
+    Served,
+    fit_offsets,
+    measured,
+    simulate,
+    step_cost,
+    trace_requests,
+)
 from cluster.planner.search import (
     PlanInputs,
     Slo,
     bracket,
+    predict,
     search,
     slice_of,
     weighted_percentile,
@@ -198,3 +209,75 @@ def test_the_planned_cluster_is_a_config_pdserve_loads():
     assert config.decode.replicas == plan.prediction.decode_replicas
     assert config.router.disaggregation_threshold_tokens == 256
     assert config.autoscaling.prefill.max_replicas >= plan.prediction.prefill_replicas
+
+
+def test_a_prefix_cache_hit_spares_the_prefill_its_share_of_the_prompt():
+    spec = WorkloadSpec(rate=50, num_requests=200, seed=3)
+    assert all(r.cached_tokens == int(r.prompt_tokens * 0.4)
+               for r in requests(spec, prefix_hit=0.4))
+    with pytest.raises(ValueError):
+        requests(spec, prefix_hit=1.0)
+    inputs = small_inputs()
+    cached = replace(inputs, prefix_hit=0.5)
+    assert bracket(cached)[0] < bracket(inputs)[0]
+    busy = [predict(i, 4, 4).prefill_busy for i in (inputs, cached)]
+    assert busy[1] < 0.7 * busy[0]
+
+
+def test_a_response_cache_hit_keeps_its_requests_off_the_engines():
+    inputs = replace(small_inputs(), response_cache_hit=0.5)
+    assert inputs.engine_rate == 30
+    assert bracket(inputs) == bracket(replace(small_inputs(), workload=replace(
+        inputs.workload, rate=30)))
+    with pytest.raises(ValueError):
+        replace(inputs, response_cache_hit=1.0)
+
+
+# -- calibration and replay -------------------------------------------------------------
+
+
+def test_the_fit_recovers_a_step_cost_and_keeps_every_term_non_negative():
+    truth = FittedCost(base=0.004, per_token=2e-5, per_pair=1e-9, per_context=3e-7)
+    rng = random.Random(5)
+    samples = []
+    for _ in range(200):
+        new, context = rng.randint(1, 4096), rng.randint(0, 20_000)
+        pairs = prefill_pairs(new, context)
+        samples.append(StepSample(new, pairs, context, truth.step_time(new, pairs, context)
+                                  * rng.uniform(0.98, 1.02)))
+    fitted = fit(samples)
+    for term in ("base", "per_token", "per_context"):
+        assert getattr(fitted, term) == pytest.approx(getattr(truth, term), rel=0.1)
+    assert max(abs(e) for e in relative_errors(fitted, samples)) < 0.05
+    # time that falls as the context grows is noise to this model: that term is dropped
+    falling = [StepSample(10, 10, c, 0.01 - 1e-7 * c) for c in range(0, 50_000, 1000)]
+    assert min(fit(falling).as_dict().values()) >= 0
+
+
+def served_cluster() -> Served:
+    pool = {"cost": {"base": 0.003, "per_token": 2e-5, "per_pair": 0.0, "per_context": 0.0},
+            "max_num_batched_tokens": 2048, "max_num_seqs": 64, "kv_capacity_tokens": 10**6}
+    return Served(1, 1, 0, pool, pool, transfer_s=0.002)
+
+
+def test_a_replay_recovers_the_serving_layers_constants_from_a_run_they_made():
+    served = served_cluster()
+    requests = [SimRequest(i * 0.25, 100 + (i * 53) % 700, 10 + i % 40) for i in range(160)]
+    offset, slowdown = 0.030, 1.6
+    spec = ClusterSpec(1, 1, step_cost(served.prefill), step_cost(served.decode, slowdown),
+                       lambda prompt: 0.002, prefill_limits=EngineLimits(2048, 64, 10**6),
+                       decode_limits=EngineLimits(2048, 64, 10**6))
+    result = Simulation(spec, requests, random.Random(0)).run()
+    records = [{"sent_at": r.arrival_s, "prompt_tokens": r.prompt_tokens,
+                "output_tokens": r.output_tokens,
+                "first_token_at": r.arrival_s + o.ttft_s + offset,
+                "token_times": [r.arrival_s + o.e2e_s + offset]}
+               for r, o in zip(requests, result.outcomes, strict=True)]
+    assert trace_requests(records) == requests
+    fitted_offset, fitted_slowdown = fit_offsets(served, records)
+    assert fitted_slowdown == pytest.approx(slowdown, rel=0.05)
+    assert fitted_offset == pytest.approx(offset, abs=0.005)
+    truth = measured(records)
+    seen = simulate(served, requests, fitted_offset, fitted_slowdown)
+    assert seen.ttft_p50 == pytest.approx(truth.ttft_p50, rel=0.05)
+    assert seen.e2e_p50 == pytest.approx(truth.e2e_p50, rel=0.05)

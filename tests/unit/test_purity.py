@@ -36,7 +36,8 @@ MUST_BE_PURE = [
     "decode/pacing.py", "router/cache_policy.py", "cluster/engine/cpu_support.py",
     "cluster/bench/quality.py", "cluster/planner/model.py", "cluster/planner/hardware.py",
     "cluster/planner/cost_model.py", "cluster/planner/des.py", "cluster/planner/workload.py",
-    "cluster/planner/search.py", "cluster/planner/output.py",
+    "cluster/planner/search.py", "cluster/planner/output.py", "cluster/planner/fitted.py",
+    "cluster/planner/replay.py",
 ]
 
 

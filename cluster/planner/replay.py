@@ -1,0 +1,97 @@
+"""A recorded ``pdserve bench`` run replayed through the simulator (pure): the same
+arrivals and lengths on the served config's pools, timed by the calibrated step costs.
+
+What the engines' step costs leave out is the serving layer: the hops of a request
+through the proxy, the router and the replicas (docs/benchmarks.md: tens of ms), and the
+relaying processes that share the decode engine's core. Two constants stand for them,
+fitted on one run (the first trace) and then held for the others, which the simulation
+predicts: a time added to every TTFT, and a factor on the decode engine's steps.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cluster.percentile import percentile
+from cluster.planner.des import ClusterSpec, EngineLimits, SimRequest, Simulation
+from cluster.planner.fitted import FittedCost
+
+
+@dataclass(frozen=True)
+class Served:
+    """The served cluster: pools, path threshold, and each pool's calibration."""
+
+    prefill_replicas: int
+    decode_replicas: int
+    threshold_tokens: int
+    prefill: Mapping[str, Any]       # a pool's entry of the calibration file
+    decode: Mapping[str, Any]
+    transfer_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Latencies:
+    ttft_p50: float
+    ttft_p95: float
+    decode_p50: float               # first token to last: the answer's streaming time
+    e2e_p50: float
+
+
+def trace_requests(records: Sequence[Mapping[str, Any]]) -> list[SimRequest]:
+    """The requests of a run's records that got an answer, as sent."""
+    return [SimRequest(r["sent_at"], r["prompt_tokens"], r["output_tokens"])
+            for r in records if r.get("first_token_at") is not None and r["output_tokens"]]
+
+
+def measured(records: Sequence[Mapping[str, Any]]) -> Latencies:
+    answered = [r for r in records if r.get("first_token_at") is not None
+                and r["output_tokens"]]
+    ttfts = [r["first_token_at"] - r["sent_at"] for r in answered]
+    ends = [(r["token_times"] or [r["first_token_at"]])[-1] for r in answered]
+    return Latencies(percentile(ttfts, 50), percentile(ttfts, 95),
+                     percentile([end - r["first_token_at"] for end, r in
+                                 zip(ends, answered, strict=True)], 50),
+                     percentile([end - r["sent_at"] for end, r in
+                                 zip(ends, answered, strict=True)], 50))
+
+
+def step_cost(pool: Mapping[str, Any], slowdown: float = 1.0):
+    """A pool's calibrated step time (its ``cost`` entry), times ``slowdown``."""
+    fitted = FittedCost(**pool["cost"])
+    return lambda new, pairs, context: slowdown * fitted.step_time(new, pairs, context)
+
+
+def _limits(pool: Mapping[str, Any]) -> EngineLimits:
+    return EngineLimits(pool["max_num_batched_tokens"], pool["max_num_seqs"],
+                        max(1, pool["kv_capacity_tokens"]))
+
+
+def simulate(served: Served, requests: Sequence[SimRequest], ttft_offset_s: float = 0.0,
+             decode_slowdown: float = 1.0, seed: int = 0) -> Latencies:
+    spec = ClusterSpec(served.prefill_replicas, served.decode_replicas,
+                       step_cost(served.prefill), step_cost(served.decode, decode_slowdown),
+                       lambda prompt: served.transfer_s, prefill_limits=_limits(served.prefill),
+                       decode_limits=_limits(served.decode),
+                       threshold_tokens=served.threshold_tokens)
+    result = Simulation(spec, requests, random.Random(seed)).run()
+    done = [o for o in result.outcomes if o.e2e_s is not None]
+    ttfts = [o.ttft_s + ttft_offset_s for o in done]
+    return Latencies(percentile(ttfts, 50), percentile(ttfts, 95),
+                     percentile([o.e2e_s - o.ttft_s for o in done], 50),
+                     percentile([o.e2e_s + ttft_offset_s for o in done], 50))
+
+
+def fit_offsets(served: Served, records: Sequence[Mapping[str, Any]]) -> tuple[float, float]:
+    """(TTFT offset, decode slowdown) that make the simulation's medians those of
+    ``records``: the slowdown first (it moves the TTFT too, by queueing), a few rounds."""
+    requests, truth = trace_requests(records), measured(records)
+    offset, slowdown = 0.0, 1.0
+    for _ in range(4):
+        seen = simulate(served, requests, offset, slowdown)
+        slowdown *= truth.decode_p50 / max(seen.decode_p50, 1e-9)
+        seen = simulate(served, requests, 0.0, slowdown)
+        offset = max(0.0, truth.ttft_p50 - seen.ttft_p50)
+    return offset, slowdown
