@@ -3,9 +3,10 @@
     .venv/bin/python scripts/plan_validation.py --out bench-results/plan-validation
 
 1. ``pdserve plan calibrate``: each pool's engine of ``--config`` timed through a sweep;
-2. the cluster of ``--config`` served, and ``pdserve bench run`` at each of ``--rates``,
-   ``--repeats`` times with the same seed (the same trace: what differs between them is
-   the measurement's own noise);
+2. the cluster of ``--config`` served, one unrecorded warm-up run of the first rate (the
+   first requests after a start are slower), then ``pdserve bench run`` at each of
+   ``--rates``, ``--repeats`` times with the same seed (the same trace: what differs
+   between them is the measurement's own noise);
 3. ``pdserve plan replay``: the first run at the first rate fits the serving layer's two
    constants; every run is then replayed and predicted.
 """
@@ -34,14 +35,23 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=REPO / "bench-results/plan-validation")
+    parser.add_argument("--calibration", type=Path, default=None,
+                        help="a calibration file to use (default: calibrate now)")
     args = parser.parse_args()
     config = load_config(args.config)
     ensure_checkpoints(config)
-    calibration = args.out / "calibration.json"
-    pdserve("plan", "calibrate", "--config", str(args.config), "--out", str(calibration))
+    calibration = args.calibration or args.out / "calibration.json"
+    if args.calibration is None:
+        pdserve("plan", "calibrate", "--config", str(args.config), "--out", str(calibration))
     base_url = f"http://{config.router.host}:{config.router.port}"
     server = processes.start_pdserve(args.config, config, args.out / "logs", REPO)
+    first_rate = args.rates.split(",")[0]
     with processes.running(server):
+        pdserve("bench", "run", "--config", str(args.config), "--base-url", base_url,
+                "--model", config.model.name, "--workload", "reference", "--rate",
+                first_rate, "--num-requests", str(args.num_requests), "--seed", "0",
+                "--tokenizer", str(config.model.path), "--no-progress",
+                "--out", str(args.out / "warm-up"))
         for repeat in range(1, args.repeats + 1):
             pdserve("bench", "run", "--config", str(args.config), "--base-url", base_url,
                     "--model", config.model.name, "--workload", "reference", "--rates",

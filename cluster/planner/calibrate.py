@@ -37,6 +37,7 @@ def calibrate(config_path: Path, out: Path, prompt_lengths=PROMPT_LENGTHS,
     from cluster.planner.fitted import StepSample, fit, relative_errors
 
     config = load_config(config_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
     result: dict = {"config": str(config_path)}
     for role in ("prefill", "decode"):
         samples_path = out.with_name(f"{out.stem}-{role}-samples.json")
@@ -53,7 +54,6 @@ def calibrate(config_path: Path, out: Path, prompt_lengths=PROMPT_LENGTHS,
         result[role] = {"cost": cost.as_dict(), **measured, "samples": len(samples),
                         "median_abs_error": errors[len(errors) // 2],
                         "p95_abs_error": errors[int(len(errors) * 0.95)]}
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     return result
 

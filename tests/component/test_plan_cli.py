@@ -71,7 +71,7 @@ def test_the_lever_table_plans_each_lever_alone(tmp_path, capsys):
 def test_calibrate_times_both_pools_engines_and_replay_uses_the_fit(tmp_path, capsys):
     """A short sweep on the test config's engines (each pool's settings and core), then
     a recorded run replayed through the simulator on the fitted costs."""
-    calibration = tmp_path / "calibration.json"
+    calibration = tmp_path / "new" / "calibration.json"   # a folder it makes
     assert main(["plan", "calibrate", "--config", str(TEST_CONFIG), "--prompt-lengths",
                  "16,512", "--decode-batches", "1,4", "--out", str(calibration)]) == 0
     fitted = json.loads(calibration.read_text())
