@@ -205,11 +205,14 @@ class PendingTally:
         self.max_age_s = max_age_s
         self._entries: dict[str, _Pending] = {}
         self._by_replica: dict[ReplicaId, set[str]] = {}
+        # kept as entries come and go: read for every replica at every routing decision
+        self._tokens: dict[ReplicaId, int] = {}
 
     def add(self, key: str, replica_id: ReplicaId, tokens: int, now: float) -> None:
         self.discard(key)
         self._entries[key] = _Pending(replica_id, tokens, now)
         self._by_replica.setdefault(replica_id, set()).add(key)
+        self._tokens[replica_id] = self._tokens.get(replica_id, 0) + tokens
 
     def discard(self, key: str, replica_id: ReplicaId | None = None) -> None:
         """Remove ``key`` (only if it is on ``replica_id``, when given: a completion from a
@@ -220,8 +223,10 @@ class PendingTally:
         del self._entries[key]
         keys = self._by_replica[entry.replica_id]
         keys.discard(key)
+        self._tokens[entry.replica_id] -= entry.tokens
         if not keys:
             del self._by_replica[entry.replica_id]
+            del self._tokens[entry.replica_id]
 
     def observe_report(self, replica_id: ReplicaId, reported_at: float | None) -> None:
         """The replica's stats were taken at ``reported_at``: they include what it received
@@ -241,7 +246,7 @@ class PendingTally:
             self.discard(key)
 
     def tokens(self, replica_id: ReplicaId) -> int:
-        return sum(self._entries[k].tokens for k in self._by_replica.get(replica_id, ()))
+        return self._tokens.get(replica_id, 0)
 
     def requests(self, replica_id: ReplicaId) -> int:
         return len(self._by_replica.get(replica_id, ()))

@@ -31,6 +31,7 @@ from cluster.planner.model import prefill_pairs
 from router.disaggregation import choose_path
 from router.replica_choice import (
     DecodePolicy,
+    PendingTally,
     PrefillPolicy,
     ReplicaLoad,
     rank_decode,
@@ -179,7 +180,7 @@ class Simulation:
         self._last_change = 0.0
         self._snapshot: dict[str, ReplicaLoad] = {}
         self._snapshot_at = float("-inf")
-        self._pending: dict[str, int] = {}
+        self._tally = PendingTally()     # the router's own: sends since the last report
         self._last_arrival = max((r.arrival_s for r in self.requests), default=0.0)
         self._prefill_policy = PrefillPolicy(block_size=16, max_blocks=0,
                                              max_imbalance_tokens=0, index_capacity=1,
@@ -212,25 +213,25 @@ class Simulation:
         interval = self.spec.report_interval_s
         if interval <= 0 or self.now - self._snapshot_at >= interval:
             self._snapshot_at = self.now
-            self._pending.clear()
             self._snapshot = {e.name: ReplicaLoad(
                 e.name, queued_prefill_tokens=e.queued_prompt_tokens(),
                 running_seqs=len(e.running), waiting_seqs=len(e.waiting),
                 kv_usage=e.reserved / e.limits.kv_capacity_tokens,
                 max_num_seqs=e.limits.max_num_seqs) for e in self.prefill + self.decode}
+            for name in self._snapshot:
+                self._tally.observe_report(name, self.now)
         return [self._with_pending(self._snapshot[e.name]) for e in engines]
 
     def _with_pending(self, load: ReplicaLoad) -> ReplicaLoad:
-        """The report plus what was sent since (the router's pending tally)."""
-        tokens = self._pending.get(load.replica_id, 0)
-        requests = self._pending.get(load.replica_id + "#", 0)
+        """The report plus what was sent since, as the router's ReplicaLoad has it (built,
+        not ``dataclasses.replace``d: this runs for every replica at every routing)."""
         return ReplicaLoad(load.replica_id, load.queued_prefill_tokens, load.running_seqs,
                            load.waiting_seqs, load.kv_usage, load.max_num_seqs,
-                           pending_tokens=tokens, pending_requests=requests)
+                           pending_tokens=self._tally.tokens(load.replica_id),
+                           pending_requests=self._tally.requests(load.replica_id))
 
-    def _sent(self, engine: _Engine, tokens: int) -> None:
-        self._pending[engine.name] = self._pending.get(engine.name, 0) + tokens
-        self._pending[engine.name + "#"] = self._pending.get(engine.name + "#", 0) + 1
+    def _sent(self, engine: _Engine, key: str, tokens: int) -> None:
+        self._tally.add(key, engine.name, tokens, self.now)
 
     def _pick_prefill(self, prompt: int) -> _Engine:
         ranking = rank_prefill(prompt, {}, self._loads(self.prefill), self._prefill_policy,
@@ -255,7 +256,7 @@ class Simulation:
             self._to_decode(seq)
             return
         engine = self._pick_prefill(request.prompt_tokens)
-        self._sent(engine, request.prompt_tokens - cached)
+        self._sent(engine, f"prefill-{index}", request.prompt_tokens - cached)
         engine.waiting.append(seq)
         self._kick(engine, decoding=False)
 
@@ -268,7 +269,7 @@ class Simulation:
     def _to_decode(self, seq: _Seq) -> None:
         self.outcomes[seq.index].ready_s = self.now - self.requests[seq.index].arrival_s
         engine = self._pick_decode()
-        self._sent(engine, seq.prompt - seq.computed)
+        self._sent(engine, f"decode-{seq.index}", seq.prompt - seq.computed)
         engine.waiting.append(seq)
         self._kick(engine, decoding=True)
 
