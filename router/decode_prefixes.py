@@ -14,61 +14,53 @@ in the flow. No Ray imports.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from router.replica_choice import DecodeCacheBelief
+
+T = TypeVar("T")
 
 _lock = threading.Lock()
 _beliefs: dict[str, DecodeCacheBelief] = {}
 
 
-def install(deployment: str, belief: DecodeCacheBelief) -> None:
-    """A router of ``deployment`` keeps ``belief``, unless one with the same settings is
-    kept already: each handle of a pool has a router of its own (a stream's, a unary
-    call's), made when first used, and all of them share one belief."""
-    with _lock:
-        kept = _beliefs.get(deployment)
-        if kept is None or kept.settings != belief.settings:
-            _beliefs[deployment] = belief
-
-
-def match(deployment: str, token_ids: Sequence[int]) -> dict[str, int]:
-    """Per replica of ``deployment``, the leading blocks of ``token_ids`` it holds."""
-    with _lock:
-        belief = _beliefs.get(deployment)
-        return belief.match(token_ids) if belief is not None else {}
-
-
-def routed(deployment: str, request_id: str, token_ids: Sequence[int], replica: str) -> None:
-    with _lock:
-        belief = _beliefs.get(deployment)
-        if belief is not None:
-            belief.routed(request_id, token_ids, replica)
-
-
-def forget(deployment: str, replica: str) -> None:
-    with _lock:
-        belief = _beliefs.get(deployment)
-        if belief is not None:
-            belief.forget(replica)
-
-
 class DecodeCacheLink:
-    """One decode deployment's belief, as the request flow and engine client use it."""
+    """One decode deployment's belief, as its routers, the request flow and the engine
+    client use it; every access under the lock (none before a router installed one)."""
 
     def __init__(self, deployment: str):
         self.deployment = deployment
 
+    def install(self, belief: DecodeCacheBelief) -> None:
+        """A router of the deployment keeps ``belief``, unless one with the same settings
+        is kept already: each handle of a pool has a router of its own (a stream's, a
+        unary call's), made when first used, and all of them share one belief."""
+        with _lock:
+            kept = _beliefs.get(self.deployment)
+            if kept is None or kept.settings != belief.settings:
+                _beliefs[self.deployment] = belief
+
+    def _apply(self, action: Callable[[DecodeCacheBelief], T], default: T) -> T:
+        with _lock:
+            belief = _beliefs.get(self.deployment)
+            return default if belief is None else action(belief)
+
+    def match(self, token_ids: Sequence[int]) -> dict[str, int]:
+        """Per replica, the leading blocks of ``token_ids`` it holds."""
+        return self._apply(lambda belief: belief.match(token_ids), {})
+
     def holder(self, token_ids: Sequence[int]) -> tuple[str | None, int]:
         """The replica believed to hold the longest head of ``token_ids`` and how many
         tokens of it; ``(None, 0)`` before the pool's router exists or when none does."""
-        with _lock:
-            belief = _beliefs.get(self.deployment)
-            return belief.holder(token_ids) if belief is not None else (None, 0)
+        return self._apply(lambda belief: belief.holder(token_ids), (None, 0))
+
+    def routed(self, request_id: str, token_ids: Sequence[int], replica: str) -> None:
+        self._apply(lambda belief: belief.routed(request_id, token_ids, replica), None)
 
     def finished(self, request_id: str, sequence: Sequence[int]) -> None:
         """``request_id`` finished with ``sequence`` (prompt and answer) on its replica."""
-        with _lock:
-            belief = _beliefs.get(self.deployment)
-            if belief is not None:
-                belief.finished(request_id, sequence)
+        self._apply(lambda belief: belief.finished(request_id, sequence), None)
+
+    def forget(self, replica: str) -> None:
+        self._apply(lambda belief: belief.forget(replica), None)

@@ -44,7 +44,8 @@ from ray.serve.request_router import (
 from cluster.config import DecodeRoutingConfig, PrefillRoutingConfig, RoutingConfig
 from cluster.digest import short_digest
 from cluster.engine.messages import EngineRequest
-from router import decode_prefixes, pool_view
+from router import pool_view
+from router.decode_prefixes import DecodeCacheLink
 from router.replica_choice import (
     DecodeCacheBelief,
     DecodePolicy,
@@ -272,8 +273,9 @@ class DecodeRequestRouter(_EngineRouter):
         config = DecodeRoutingConfig.model_validate(routing)
         self.policy = DecodePolicy.from_config(config, max_num_seqs, block_size)
         self._tracks_prefixes = self.policy.affinity_slots > 0 or config.cache_aware_path
+        self._belief = DecodeCacheLink(self._deployment_id.name)
         if self._tracks_prefixes:
-            decode_prefixes.install(self._deployment_id.name, DecodeCacheBelief(
+            self._belief.install(DecodeCacheBelief(
                 block_size, self.policy.max_blocks, self.policy.index_capacity))
         logger.info("decode router for %s: %s", self._deployment_id, self.policy)
 
@@ -282,19 +284,18 @@ class DecodeRequestRouter(_EngineRouter):
             return rank_decode(loads, self.policy, self._rng)
         matched = {}
         if self.policy.affinity_slots > 0:
-            matched = decode_prefixes.match(self._deployment_id.name, request.prompt_token_ids)
+            matched = self._belief.match(request.prompt_token_ids)
         return rank_decode(loads, self.policy, self._rng, matched,
                            len(request.prompt_token_ids), pinned=request.decode_replica)
 
     def _on_routed(self, request: EngineRequest, replica: str) -> None:
         if self._tracks_prefixes:
-            decode_prefixes.routed(self._deployment_id.name, request.request_id,
-                                   request.prompt_token_ids, replica)
+            self._belief.routed(request.request_id, request.prompt_token_ids, replica)
 
     def _forget(self, replica: str) -> None:
         super()._forget(replica)
         if self._tracks_prefixes:
-            decode_prefixes.forget(self._deployment_id.name, replica)
+            self._belief.forget(replica)
 
 
 # ---------------------------------------------------------------------------------------
