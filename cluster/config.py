@@ -636,6 +636,13 @@ class RouterConfig(StrictModel):
         "`ray up`'s files export it (cluster/serve_env.py); see docs/design.md, 'Serve's "
         "data plane'",
     )
+    ingress: Literal["proxy", "haproxy"] = Field(
+        "proxy", description="what takes clients' HTTP on each node: 'proxy', Serve's "
+        "Python proxy (with router/proxy_edge.py); 'haproxy', HAProxy balancing over the "
+        "router replicas' own HTTP servers (Ray's direct ingress): one Python hop fewer "
+        "per request and chunk, but HAProxy answers on its own, with no router replica "
+        "up, a plain 500. See docs/design.md, 'HAProxy ingress'",
+    )
     admission: AdmissionConfig = AdmissionConfig()
     auth: AuthConfig = AuthConfig()
     routing: RoutingConfig = RoutingConfig()

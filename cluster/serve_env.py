@@ -27,10 +27,22 @@ GRPC_DATA_PLANE_ENV = {
 }
 
 
-def node_env(transport: str) -> dict[str, str]:
-    """The variables a node's processes need: the proxy's middleware always, and those
-    of Serve's gRPC data plane when ``transport`` (``router.transport``) is "grpc"."""
+# HAProxy in front of the router replicas' own HTTP servers (router.ingress "haproxy"):
+# Ray 2.60's direct ingress, with HAProxy as the node's balancer instead of Serve's Python
+# proxy, so a request and each of its streamed chunks cross one Python process fewer.
+HAPROXY_INGRESS_ENV = {
+    "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+    "RAY_SERVE_ENABLE_HA_PROXY": "1",
+}
+
+
+def node_env(transport: str, ingress: str = "proxy") -> dict[str, str]:
+    """The variables a node's processes need: the proxy's middleware always, those of
+    Serve's gRPC data plane when ``transport`` (``router.transport``) is "grpc", and
+    HAProxy's direct ingress when ``ingress`` (``router.ingress``) is "haproxy"."""
     env = proxy_env()
     if transport == "grpc":
         env.update(GRPC_DATA_PLANE_ENV)
+    if ingress == "haproxy":
+        env.update(HAPROXY_INGRESS_ENV)
     return env

@@ -34,7 +34,7 @@ LOG_DIR = REPO / ".cache" / "test-logs"
 
 # Processes a pdserve cluster consists of; none may outlive `pdserve up`.
 CLUSTER_PROCESS_MARKERS = ("raylet", "gcs_server", "ray::", "EngineCore", "ServeReplica",
-                           "ServeController", "ProxyActor")
+                           "ServeController", "ProxyActor", "haproxy")
 
 
 def _cluster_processes() -> set[tuple[int, str]]:

@@ -1,5 +1,8 @@
 """Quantized weights and an fp8 KV cache through the real prefill -> NIXL -> decode path.
 
+The cluster also takes clients' HTTP through HAProxy (``router.ingress: haproxy``), so the
+tests here also cover that ingress: answers and errors arrive through it unchanged.
+
 A cluster of its own (pdserve-quantized.yaml, `make test` runs it after the main suite):
 the test cluster's tiny model as W8A8 int8 weights that pdserve makes (cluster/quantize.py),
 with the KV cache in fp8 where this machine's CPU can hold it (AVX-512 or AMX; checked as
@@ -11,8 +14,10 @@ paths; long prompts must arrive on the decode engine over NIXL, at fp8's size.
 from __future__ import annotations
 
 import json
+import os
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import yaml
@@ -105,6 +110,37 @@ def test_greedy_answers_equal_one_colocated_engines(quantized, prompt, stream):
     assert ours.prompt_token_ids == theirs.prompt_token_ids
     assert ours.token_ids == theirs.token_ids, "the quantized engines' answers differ"
     assert ours.text == theirs.text
+
+
+def test_clients_reach_the_router_through_haproxy_not_serves_python_proxy(quantized):
+    url, _, document, _ = quantized
+    port = int(url.rsplit(":", 1)[1])
+    assert _listener_of(port) == "haproxy"  # Serve's proxy actor runs, but not on the port
+    unknown = generate(url, "completion", "no-such-model", "hello", stream=False,
+                       max_tokens=4)
+    assert unknown.status == 404
+    assert unknown.error["type"] == "NotFoundError", unknown.error  # the router's own JSON
+    answer = generate(url, "completion", document["model"]["name"], "hello", stream=True,
+                      max_tokens=4, ignore_eos=True)
+    assert answer.status == 200 and len(answer.token_ids) == 4, answer.error
+
+
+def _listener_of(port: int) -> str | None:
+    """The name of the process listening on TCP ``port`` (IPv4), from /proc."""
+    inodes = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1].endswith(f":{port:04X}") and fields[3] == "0A":  # 0A: LISTEN
+            inodes.add(f"socket:[{fields[9]}]")
+    for process in Path("/proc").iterdir():
+        if not process.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) in inodes for fd in (process / "fd").iterdir()):
+                return (process / "comm").read_text().strip()
+        except OSError:  # gone, or not ours to read
+            continue
+    return None
 
 
 def test_a_long_prompts_kv_moves_over_nixl_at_the_caches_element_size(quantized):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cluster.config import parse_config
-from cluster.serve_env import GRPC_DATA_PLANE_ENV, node_env
+from cluster.serve_env import GRPC_DATA_PLANE_ENV, HAPROXY_INGRESS_ENV, node_env
 from router.proxy_edge import proxy_env
 from router.transport import GRPC_OPTIONS, engine_handle
 
@@ -51,3 +51,21 @@ def test_engine_handles_call_over_grpc_with_plain_pickle():
 def test_engine_handles_over_ray_are_left_as_they_are():
     original = RecordingHandle()
     assert engine_handle(original, "ray") is original
+
+
+def test_serves_python_proxy_is_the_default_ingress():
+    config = parse_config({"model": {"name": "m", "path": "/m"}})
+    assert config.router.ingress == "proxy"
+    assert "RAY_SERVE_ENABLE_HA_PROXY" not in node_env("grpc")
+
+
+def test_haproxy_ingress_turns_on_rays_direct_ingress_beside_the_data_plane():
+    env = node_env("grpc", "haproxy")
+    assert env == {**proxy_env(), **GRPC_DATA_PLANE_ENV, **HAPROXY_INGRESS_ENV}
+    assert env["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
+    assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+
+
+def test_an_unknown_ingress_is_refused_by_the_config():
+    with pytest.raises(ValueError, match="ingress"):
+        parse_config({"model": {"name": "m", "path": "/m"}, "router": {"ingress": "nginx"}})
