@@ -65,11 +65,14 @@ def add_parser(commands) -> None:
                               "chunk0:router.stream_chunk_interval_ms=0")
     _workload_args(compare)
 
-    overhead = sub.add_parser("overhead", help="pdserve's added latency at low load")
+    overhead = sub.add_parser("overhead", help="pdserve's added latency and relay CPU per token")
     overhead.add_argument("--config", type=Path, default=BENCH_CONFIG)
     overhead.add_argument("--requests", type=int, default=30)
     overhead.add_argument("--max-tokens", type=int, default=16,
                           help="tokens per answer (256: the per-token cost of streaming)")
+    overhead.add_argument("--concurrency", type=int, default=1,
+                          help="streams at a time (1: nothing queues or batches; more: "
+                          "the relaying processes' CPU per token under load)")
     overhead.add_argument("--paths", default="decode_local,disaggregated",
                           help="pdserve's paths to measure, each a run of its own")
     overhead.add_argument("--variant", action="append", default=None,
@@ -94,6 +97,9 @@ def add_parser(commands) -> None:
     transfer = sub.add_parser("transfer", help="NIXL KV-transfer GB/s vs a host memcpy")
     transfer.add_argument("--sizes-mib", default="1,4,16,64")
     transfer.add_argument("--repeats", type=int, default=20)
+    transfer.add_argument("--block-kib", default="16",
+                          help="KiB per descriptor (one KV block of one layer), comma-"
+                          "separated to compare: 16 is a 32-token block of the bench model")
     transfer.add_argument("--transports", default="tcp,cma,sm",
                           help="UCX transports to measure, each in fresh processes: tcp "
                                "(between hosts), cma and sm (same host)")
@@ -593,7 +599,8 @@ def _overhead(args) -> int:
             metrics_url = metrics_url_of(config) if setup != "vllm" else None
             before = _settled_stage_samples(metrics_url)
             runs[setup] = overhead.measure(server.base_url, config.model.name, requests,
-                                           args.max_tokens, server.process.pid)
+                                           args.max_tokens, server.process.pid,
+                                           concurrency=args.concurrency)
             if before is not None:  # where pdserve's part of the TTFT went
                 print(f"{setup}: where the time to the first event went")
                 stages = _stages_since(metrics_url, before, runs[setup]["n"])
@@ -607,8 +614,14 @@ def _overhead(args) -> int:
             print(f"  {setup}: router's part of the TTFT {share['router_s'] * 1000:.1f} ms "
                   f"= engines {share['engines_s'] * 1000:.1f} + serving "
                   f"{share['serving_s'] * 1000:.1f} (means)")
+        for role in ("router", "proxy", "decode replica"):
+            capacity = overhead.relay_capacity(run, role)
+            if setup != "vllm" and capacity:
+                print(f"  {setup}: one {role} core relays ~{capacity:,.0f} tokens/s at this "
+                      f"CPU per token ({run['tokens_per_s']:,.0f} tokens/s streamed here)")
     report.write_json(args.out / "overhead.json", {
-        "config": str(args.config), "max_tokens": args.max_tokens, "runs": runs,
+        "config": str(args.config), "max_tokens": args.max_tokens,
+        "concurrency": args.concurrency, "runs": runs,
         "machine": _machine()})
     return 0
 
@@ -625,11 +638,13 @@ def _transfer(args) -> int:
     if unknown:
         raise SystemExit(f"bench transfer --transports: unknown {unknown} "
                          f"(of {', '.join(TRANSPORTS)})")
-    rows = measure_transfers(sizes, args.repeats, transports)
-    print(f"  {'transport':<10}{'MiB':>6}{'NIXL GB/s':>11}{'memcpy GB/s':>13}{'ratio':>8}")
+    block_sizes = [int(kib) * 1024 for kib in args.block_kib.split(",")]
+    rows = measure_transfers(sizes, args.repeats, transports, block_sizes)
+    print(f"  {'block KiB':<10}{'transport':<10}{'MiB':>6}{'NIXL GB/s':>11}"
+          f"{'memcpy GB/s':>13}{'ratio':>8}")
     for row in rows:
-        print(f"  {row['transport']:<10}{row['mib']:>6}{row['nixl_gbps']:>11.2f}"
-              f"{row['memcpy_gbps']:>13.2f}{row['ratio']:>8.2f}")
+        print(f"  {row['block_kib']:<10}{row['transport']:<10}{row['mib']:>6}"
+              f"{row['nixl_gbps']:>11.2f}{row['memcpy_gbps']:>13.2f}{row['ratio']:>8.2f}")
     report.write_json(args.out / "transfer.json",
                       {"rows": rows, "machine": _machine(), "seconds": time.time() - started})
     return 0

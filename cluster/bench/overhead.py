@@ -34,31 +34,42 @@ IDLE_SAMPLE_S = 10.0  # how long each server's idle CPU is sampled before its ru
 
 
 def measure(base_url: str, model: str, requests: list[PlannedRequest], max_tokens: int,
-            root_pid: int) -> dict[str, Any]:
-    """One server's run: latencies of ``requests`` sent one at a time, and CPU per
-    streamed token by role beyond the idle rate of ``root_pid``'s process tree."""
+            root_pid: int, concurrency: int = 1) -> dict[str, Any]:
+    """One server's run: latencies of ``requests`` sent ``concurrency`` at a time (each
+    group at once, the next when it has finished), and CPU per streamed token by role
+    beyond the idle rate of ``root_pid``'s process tree."""
     idle = _idle_cpu_rate(root_pid)
     cpu_before, started = cpu.sample_processes(), time.monotonic()
     ttfts, e2es, per_token, tokens = [], [], [], 0
-    for planned in requests:
-        records, _ = asyncio.run(run_workload(base_url, model, [planned], progress=False))
-        record = records[0]
-        if not record.ok:
-            continue
-        ttfts.append(record.ttft)
-        e2es.append(record.e2e)
-        tokens += record.output_tokens
-        if max_tokens > 1:
-            per_token.append((record.e2e - record.ttft) / (max_tokens - 1))
+    for first in range(0, len(requests), concurrency):
+        group = requests[first:first + concurrency]
+        records, _ = asyncio.run(run_workload(base_url, model, group, progress=False))
+        for record in records:
+            if not record.ok:
+                continue
+            ttfts.append(record.ttft)
+            e2es.append(record.e2e)
+            tokens += record.output_tokens
+            if max_tokens > 1:
+                per_token.append((record.e2e - record.ttft) / (max_tokens - 1))
+    elapsed = time.monotonic() - started
     used = cpu.cpu_by_role(cpu_before, cpu.sample_processes(), root_pid)
-    busy = cpu.beyond_idle(used, idle, time.monotonic() - started)
+    busy = cpu.beyond_idle(used, idle, elapsed)
     return {
-        "n": len(ttfts), "requests": len(requests),
+        "n": len(ttfts), "requests": len(requests), "concurrency": concurrency,
         "ttft_p50_s": percentile(ttfts, 50), "ttft_p95_s": percentile(ttfts, 95),
         "e2e_p50_s": percentile(e2es, 50), "per_token_p50_s": percentile(per_token, 50),
+        "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
         "cpu_ms_per_token": {role: 1000 * s / tokens for role, s in busy.items()}
         if tokens else {},
     }
+
+
+def relay_capacity(run: dict[str, Any], role: str = "router") -> float | None:
+    """Streamed tokens/s one core of ``role`` would relay at the CPU per token this run
+    measured (None: the role used none beyond idle, or the run streamed nothing)."""
+    per_token_ms = run.get("cpu_ms_per_token", {}).get(role)
+    return 1000 / per_token_ms if per_token_ms else None
 
 
 def _idle_cpu_rate(root_pid: int) -> dict[str, float]:

@@ -14,6 +14,10 @@ attach: the kernel copies straight from the owner's pages) and ``sm`` (every sha
 transport UCX has) are same-host paths. The same bytes copied with ``torch`` in the reader
 (a plain host ``memcpy``) are the baseline: the ratio says how close each path comes to
 the machine's memory bandwidth.
+
+A descriptor is one block: ``block_bytes`` (16 KiB by default, one 32-token K or V block of
+one layer of the bench model; a larger engine ``block_size`` makes larger ones). Each block
+size is measured in processes of its own too.
 """
 
 from __future__ import annotations
@@ -32,24 +36,27 @@ SEED = 7  # the owner's bytes; the reader regenerates them to check what arrived
 
 
 def measure_transfers(sizes_mib: list[int], repeats: int,
-                      transports: list[str] | None = None) -> list[dict]:
-    """Best-of-``repeats`` GB/s per transport and size, NIXL READ and host memcpy."""
+                      transports: list[str] | None = None,
+                      block_sizes: list[int] | None = None) -> list[dict]:
+    """Best-of-``repeats`` GB/s per block size, transport and size, NIXL READ and host
+    memcpy (``block_sizes`` in bytes, each a descriptor; default: ``BLOCK_BYTES``)."""
     rows = []
-    for transport in transports or list(TRANSPORTS):
-        with _owner_process(transport, sizes_mib) as (owner_meta, buffers, ctx):
-            rows.extend(_read_in_child(ctx, transport, owner_meta, buffers, sizes_mib,
-                                       repeats))
+    for block_bytes in block_sizes or [BLOCK_BYTES]:
+        for transport in transports or list(TRANSPORTS):
+            with _owner_process(transport, sizes_mib, block_bytes) as (meta, buffers, ctx):
+                rows.extend(_read_in_child(ctx, transport, meta, buffers, sizes_mib,
+                                           repeats, block_bytes))
     return rows
 
 
 @contextmanager
-def _owner_process(transport: str, sizes_mib: list[int]):
+def _owner_process(transport: str, sizes_mib: list[int], block_bytes: int):
     """A process that owns one registered buffer per size and progresses its agent
     until the context ends; yields its agent metadata and the buffers' block addresses."""
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
     process = ctx.Process(target=_serve_blocks, args=(child, TRANSPORTS[transport],
-                                                      sizes_mib), daemon=True)
+                                                      sizes_mib, block_bytes), daemon=True)
     process.start()
     try:
         reply = _reply(parent, transport, "owner", timeout_s=120)
@@ -60,10 +67,10 @@ def _owner_process(transport: str, sizes_mib: list[int]):
 
 
 def _read_in_child(ctx, transport: str, owner_meta: bytes, buffers: dict[int, list],
-                   sizes_mib: list[int], repeats: int) -> list[dict]:
+                   sizes_mib: list[int], repeats: int, block_bytes: int) -> list[dict]:
     parent, child = ctx.Pipe()
     process = ctx.Process(target=_read_blocks, daemon=True, args=(
-        child, TRANSPORTS[transport], owner_meta, buffers, sizes_mib, repeats))
+        child, TRANSPORTS[transport], owner_meta, buffers, sizes_mib, repeats, block_bytes))
     process.start()
     try:
         rows = _reply(parent, transport, "reader", timeout_s=600)
@@ -95,11 +102,11 @@ def _agent(name: str, ucx_tls: str):
     return nixl_agent(name, nixl_agent_config(enable_prog_thread=False, backends=["UCX"]))
 
 
-def _blocks(num_bytes: int) -> int:
-    return max(1, num_bytes // BLOCK_BYTES)
+def _blocks(num_bytes: int, block_bytes: int) -> int:
+    return max(1, num_bytes // block_bytes)
 
 
-def _serve_blocks(conn, ucx_tls: str, sizes_mib: list[int]) -> None:
+def _serve_blocks(conn, ucx_tls: str, sizes_mib: list[int], block_bytes: int) -> None:
     """The owner (child process): register a seeded buffer per size, send where its
     blocks are, progress the agent until told to stop."""
     try:
@@ -109,11 +116,11 @@ def _serve_blocks(conn, ucx_tls: str, sizes_mib: list[int]) -> None:
         generator = torch.Generator().manual_seed(SEED)
         tensors, buffers = [], {}
         for mib in sizes_mib:
-            tensor = torch.randint(0, 255, (_blocks(mib * 2**20), BLOCK_BYTES),
+            tensor = torch.randint(0, 255, (_blocks(mib * 2**20, block_bytes), block_bytes),
                                    dtype=torch.uint8, generator=generator)
             agent.register_memory(tensor)
             tensors.append(tensor)
-            buffers[mib] = [(tensor[i].data_ptr(), BLOCK_BYTES, 0)
+            buffers[mib] = [(tensor[i].data_ptr(), block_bytes, 0)
                             for i in range(tensor.shape[0])]
         conn.send({"metadata": agent.get_agent_metadata(), "buffers": buffers})
     except Exception as error:  # the parent reports it
@@ -124,7 +131,7 @@ def _serve_blocks(conn, ucx_tls: str, sizes_mib: list[int]) -> None:
 
 
 def _read_blocks(conn, ucx_tls: str, owner_meta: bytes, buffers: dict[int, list],
-                 sizes_mib: list[int], repeats: int) -> None:
+                 sizes_mib: list[int], repeats: int, block_bytes: int) -> None:
     """The reader (child process): READ every size ``repeats`` times, check the bytes,
     time a memcpy of the same size."""
     try:
@@ -135,12 +142,13 @@ def _read_blocks(conn, ucx_tls: str, owner_meta: bytes, buffers: dict[int, list]
         generator = torch.Generator().manual_seed(SEED)
         rows = []
         for mib in sizes_mib:
-            expected = torch.randint(0, 255, (_blocks(mib * 2**20), BLOCK_BYTES),
+            expected = torch.randint(0, 255, (_blocks(mib * 2**20, block_bytes), block_bytes),
                                      dtype=torch.uint8, generator=generator)
             seconds = _best_read(agent, owner, buffers[mib], expected, repeats)
             copy_s = _memcpy_seconds(expected.numel(), repeats)
             num_bytes = expected.numel()
-            rows.append({"mib": mib, "blocks": expected.shape[0],
+            rows.append({"mib": mib, "block_kib": block_bytes // 1024,
+                         "blocks": expected.shape[0],
                          "nixl_gbps": num_bytes / seconds / 1e9,
                          "memcpy_gbps": num_bytes / copy_s / 1e9, "ratio": copy_s / seconds})
         conn.send(rows)

@@ -19,6 +19,13 @@ def test_each_transport_reads_the_owners_blocks_from_another_process():
         assert row["ratio"] == pytest.approx(row["nixl_gbps"] / row["memcpy_gbps"])
 
 
+@pytest.mark.timeout(300)
+def test_a_larger_block_is_read_as_fewer_larger_descriptors():
+    rows = measure_transfers([1], repeats=2, transports=["cma"], block_sizes=[64 * 1024])
+    assert [(row["block_kib"], row["blocks"]) for row in rows] == [(64, 16)]
+    assert rows[0]["nixl_gbps"] > 0  # and the bytes were checked inside
+
+
 def test_an_unknown_transport_is_refused_before_any_process_starts():
     with pytest.raises(KeyError):
         measure_transfers([1], repeats=1, transports=["carrier-pigeon"])

@@ -62,3 +62,10 @@ def test_a_disaggregated_ttft_splits_into_the_engines_time_and_the_rest():
     assert share["engines_s"] == pytest.approx(0.020)
     assert share["serving_s"] == pytest.approx(0.0366)
     assert overhead.engine_share({"render": stages["render"]}) is None  # decode-local
+
+
+def test_relay_capacity_is_one_core_over_the_cpu_a_token_took():
+    run = {"cpu_ms_per_token": {"router": 0.125, "proxy": 0.0}}
+    assert overhead.relay_capacity(run) == 8000
+    assert overhead.relay_capacity(run, "proxy") is None  # nothing beyond idle: no figure
+    assert overhead.relay_capacity({"cpu_ms_per_token": {}}) is None
