@@ -46,17 +46,14 @@ def main() -> None:
     base_url = f"http://{config.router.host}:{config.router.port}"
     server = processes.start_pdserve(args.config, config, args.out / "logs", REPO)
     first_rate = args.rates.split(",")[0]
+    bench_run = ("bench", "run", "--config", str(args.config), "--base-url", base_url,
+                 "--model", config.model.name, "--workload", "reference",
+                 "--num-requests", str(args.num_requests), "--seed", "0",
+                 "--tokenizer", str(config.model.path), "--no-progress")
     with processes.running(server):
-        pdserve("bench", "run", "--config", str(args.config), "--base-url", base_url,
-                "--model", config.model.name, "--workload", "reference", "--rate",
-                first_rate, "--num-requests", str(args.num_requests), "--seed", "0",
-                "--tokenizer", str(config.model.path), "--no-progress",
-                "--out", str(args.out / "warm-up"))
+        pdserve(*bench_run, "--rate", first_rate, "--out", str(args.out / "warm-up"))
         for repeat in range(1, args.repeats + 1):
-            pdserve("bench", "run", "--config", str(args.config), "--base-url", base_url,
-                    "--model", config.model.name, "--workload", "reference", "--rates",
-                    args.rates, "--num-requests", str(args.num_requests), "--seed", "0",
-                    "--tokenizer", str(config.model.path), "--no-progress",
+            pdserve(*bench_run, "--rates", args.rates,
                     "--out", str(args.out / f"repeat{repeat}"))
     rates = [float(rate) for rate in args.rates.split(",")]
     traces = [args.out / f"repeat{repeat}" / f"run-reference-{rate}.json"

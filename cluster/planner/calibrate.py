@@ -34,26 +34,27 @@ def calibrate(config_path: Path, out: Path, prompt_lengths=PROMPT_LENGTHS,
     from cluster.checkpoints import ensure_checkpoints
     from cluster.config import load_config
     from cluster.engine.args import engine_settings_env
+    from cluster.percentile import percentile
     from cluster.planner.fitted import StepSample, fit, relative_errors
 
     config = load_config(config_path)
+    ensure_checkpoints(config)
     out.parent.mkdir(parents=True, exist_ok=True)
     result: dict = {"config": str(config_path)}
     for role in ("prefill", "decode"):
         samples_path = out.with_name(f"{out.stem}-{role}-samples.json")
         env = {**os.environ, **engine_settings_env(config, role),
                "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-        ensure_checkpoints(config)
         subprocess.run([sys.executable, "-m", "cluster.planner.calibrate", str(config_path),
                         role, str(samples_path), ",".join(map(str, prompt_lengths)),
                         ",".join(map(str, decode_batches))], env=env, check=True)
         measured = json.loads(samples_path.read_text())
         samples = [StepSample(**row) for row in measured.pop("samples")]
         cost = fit(samples)
-        errors = sorted(abs(e) for e in relative_errors(cost, samples))
+        errors = [abs(e) for e in relative_errors(cost, samples)]
         result[role] = {"cost": cost.as_dict(), **measured, "samples": len(samples),
-                        "median_abs_error": errors[len(errors) // 2],
-                        "p95_abs_error": errors[int(len(errors) * 0.95)]}
+                        "median_abs_error": percentile(errors, 50),
+                        "p95_abs_error": percentile(errors, 95)}
     out.write_text(json.dumps(result, indent=2))
     return result
 

@@ -40,15 +40,19 @@ class Latencies:
     e2e_p50: float
 
 
+def _answered(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The records of requests that got an answer (a first token, and tokens)."""
+    return [r for r in records if r.get("first_token_at") is not None and r["output_tokens"]]
+
+
 def trace_requests(records: Sequence[Mapping[str, Any]]) -> list[SimRequest]:
     """The requests of a run's records that got an answer, as sent."""
     return [SimRequest(r["sent_at"], r["prompt_tokens"], r["output_tokens"])
-            for r in records if r.get("first_token_at") is not None and r["output_tokens"]]
+            for r in _answered(records)]
 
 
 def measured(records: Sequence[Mapping[str, Any]]) -> Latencies:
-    answered = [r for r in records if r.get("first_token_at") is not None
-                and r["output_tokens"]]
+    answered = _answered(records)
     ttfts = [r["first_token_at"] - r["sent_at"] for r in answered]
     ends = [(r["token_times"] or [r["first_token_at"]])[-1] for r in answered]
     return Latencies(percentile(ttfts, 50), percentile(ttfts, 95),
