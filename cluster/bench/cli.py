@@ -15,7 +15,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from cluster.bench import breakdown, cpu, quality, report
+from cluster.bench import breakdown, cpu, engine_work, quality, report
+from cluster.bench.overhead import IDLE_SAMPLE_S
 from cluster.bench.runner import run_workload
 from cluster.bench.stats import SLO, RequestRecord, ratio, summarise
 from cluster.bench.workload import WorkloadSpec, plan
@@ -78,6 +79,9 @@ def add_parser(commands) -> None:
     overhead.add_argument("--variant", action="append", default=None,
                           help="name:key.path=value,... (repeat): each path runs once per "
                           "variant, e.g. --variant grpc --variant ray:router.transport=ray")
+    overhead.add_argument("--idle-sample-s", type=float, default=IDLE_SAMPLE_S,
+                          help="how long each server's idle CPU is sampled before its run "
+                          "(subtracted from the run's, per role)")
     overhead.add_argument("--out", type=Path, default=Path("bench-results"))
 
     variants = sub.add_parser("variants", help="one workload against config variants (A/B)")
@@ -120,6 +124,20 @@ def _workload_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeat-fraction", type=float, default=0.0,
                         help="share of requests that repeat an earlier request exactly "
                              "(what a response cache can answer)")
+    parser.add_argument("--turns", type=int, default=WorkloadSpec.turns,
+                        help="requests per conversation: each later turn is sent a think "
+                             "time after the answer before it, with the conversation so far "
+                             "before its new message (what a decode engine's prefix cache "
+                             "holds: router.routing.decode.cache_aware_path)")
+    parser.add_argument("--think-s", type=float, default=WorkloadSpec.think_s,
+                        help="mean pause (exponential) between an answer and the next turn")
+    parser.add_argument("--shared-prefix-tokens", type=int, default=0,
+                        help="start every prompt with a shared head (a system prompt) of "
+                             "about this many tokens (what prefix caches reuse); 0: none")
+    parser.add_argument("--prefix-groups", type=int, default=WorkloadSpec.prefix_groups,
+                        help="distinct shared heads, each request drawing one (tenants' "
+                             "system prompts: what the decode pool's prefix affinity keeps "
+                             "apart)")
     parser.add_argument("--tokenizer", default=None,
                         help="HF tokenizer dir used to size prompts (default: ~4 chars/token)")
     parser.add_argument("--ttft-slo", type=float, default=None,
@@ -148,7 +166,9 @@ def _spec(args, workload: str | None = None, rate: float | None = None,
         name=workload or args.workload, rate=rate or args.rate, num_requests=args.num_requests,
         seed=args.seed, scale=args.scale, peak_factor=args.peak_factor, peak_window=window,
         long_fraction=args.long_fraction, max_model_len=max_model_len,
-        repeat_fraction=getattr(args, "repeat_fraction", 0.0),
+        repeat_fraction=args.repeat_fraction,
+        shared_prefix_tokens=args.shared_prefix_tokens,
+        prefix_groups=args.prefix_groups, turns=args.turns, think_s=args.think_s,
     )
 
 
@@ -172,7 +192,7 @@ def _measure(base_url: str, model: str, spec: WorkloadSpec, count_tokens, slo: S
     """Run one workload; with ``metrics_url`` (a pdserve cluster's Prometheus endpoint),
     also where its requests' time to the first event went, stage by stage."""
     requests = plan(spec, count_tokens)
-    before = _settled_stage_samples(metrics_url)
+    before = _settled_scrape(metrics_url)
     records, duration = asyncio.run(
         run_workload(base_url, model, requests, progress=progress, label=label,
                      api_key=api_key)
@@ -181,12 +201,12 @@ def _measure(base_url: str, model: str, spec: WorkloadSpec, count_tokens, slo: S
         "all": summarise(records, duration, slo),
         "short": summarise(records, duration, slo, kind="short"),
         "long": summarise(records, duration, slo, kind="long"),
+        "later_turns": summarise(records, duration, slo, later_turns=True),
         "duration_s": duration,
         "workload": asdict(spec),
     }
     if before is not None:
-        summary["stages"] = _stages_since(metrics_url, before,
-                                          sum(record.ok for record in records))
+        summary |= _work_since(metrics_url, before, sum(record.ok for record in records))
     return records, summary
 
 
@@ -198,49 +218,53 @@ def metrics_url_of(config: PDServeConfig) -> str | None:
     return f"http://{config.ray.node_ip_address or config.router.host}:{port}/metrics"
 
 
-def _stage_samples(metrics_url: str | None) -> breakdown.StageSamples | None:
-    if metrics_url is None:
-        return None
+# One scrape of a pdserve cluster's metrics: its stage histograms and its engines' work.
+Scrape = tuple[breakdown.StageSamples, engine_work.EngineWork]
+
+
+def _scrape(metrics_url: str) -> Scrape:
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = httpx.get(metrics_url, timeout=30).text
-    return breakdown.stage_samples(text_string_to_metric_families(text))
+    families = list(text_string_to_metric_families(httpx.get(metrics_url, timeout=30).text))
+    return breakdown.stage_samples(families), engine_work.engine_work(families)
 
 
-def _settled_stage_samples(metrics_url: str | None) -> breakdown.StageSamples | None:
-    """The stage samples once every earlier request's report is in: unchanged for longer
-    than Ray's metrics report period (a minute at most), so that requests answered before
-    the run are not counted in it."""
+def _settled_scrape(metrics_url: str | None) -> Scrape | None:
+    """The metrics once every earlier request's report is in: unchanged for longer than
+    Ray's metrics report period (a minute at most), so that requests answered before the
+    run are not counted in it."""
     if metrics_url is None:
         return None
     import ray
 
     settle_s = ray._config.metrics_report_interval_ms() / 1000 + 1
     deadline = time.monotonic() + 60
-    samples, since = _stage_samples(metrics_url), time.monotonic()
+    scrape, since = _scrape(metrics_url), time.monotonic()
     while time.monotonic() - since < settle_s and time.monotonic() < deadline:
         time.sleep(1)
-        latest = _stage_samples(metrics_url)
-        if latest != samples:
-            samples, since = latest, time.monotonic()
-    return samples
+        latest = _scrape(metrics_url)
+        if latest != scrape:
+            scrape, since = latest, time.monotonic()
+    return scrape
 
 
-def _stages_since(metrics_url: str, before: breakdown.StageSamples,
-                  answered: int) -> dict[str, dict[str, float]]:
-    """The stage breakdown of the ``answered`` requests since ``before``: Ray exports
-    the router's and the engines' histograms every few seconds, so wait (30 s at most)
-    until all are in."""
+def _work_since(metrics_url: str, before: Scrape, answered: int) -> dict[str, dict]:
+    """The stage breakdown of the ``answered`` requests since ``before`` and the engines'
+    work for them: Ray exports the router's and the engines' metrics every few seconds, so
+    wait (30 s at most) until all are in. An engine reports its counters with the phases
+    of the requests it finished, so they are complete when the phases are."""
     deadline = time.monotonic() + 30
-    after = _stage_samples(metrics_url)
-    while (min(breakdown.answered(before, after), breakdown.decoded(before, after))
-           < answered and time.monotonic() < deadline):
+    stages_before, work_before = before
+    stages_after, work_after = _scrape(metrics_url)
+    while (min(breakdown.answered(stages_before, stages_after),
+               breakdown.decoded(stages_before, stages_after)) < answered
+           and time.monotonic() < deadline):
         time.sleep(1)
-        after = _stage_samples(metrics_url)
-    stages = breakdown.breakdown(before, after)
+        stages_after, work_after = _scrape(metrics_url)
+    stages = breakdown.breakdown(stages_before, stages_after)
     print(breakdown.table(stages))
-    return stages
+    return {"stages": stages, "engine_work": engine_work.since(work_before, work_after)}
 
 
 # ---- run -------------------------------------------------------------------------------
@@ -522,11 +546,22 @@ def _quality_positions(base_url: str, model: str, args) -> list[list[quality.Pos
     return passages
 
 
+# The engines' work in a variants table: (label, engine_work key, divisor).
+WORK_ROWS = (("KV MB pulled", "kv bytes pulled", 1e6),
+             ("prefill computed", "prefill prompt tokens computed", 1),
+             ("decode cached", "decode prompt tokens cached", 1),
+             ("decode pulled", "decode prompt tokens transferred", 1),
+             ("decode computed", "decode prompt tokens computed", 1))
+
+
 def _variants_table(summaries: dict[str, dict]) -> str:
     """Short/long TTFT and ITL per variant, and each one's ratio to the first."""
     rows = [("short p50 TTFT", "short", "ttft_s", "p50"), ("short p95 TTFT", "short", "ttft_s",
             "p95"), ("long p50 TTFT", "long", "ttft_s", "p50"), ("p95 ITL", "all", "itl_s", "p95")]
     names = list(summaries)
+    if all(summaries[n].get("later_turns", {}).get("completed") for n in names):
+        rows += [("later-turn p50", "later_turns", "ttft_s", "p50"),
+                 ("later-turn p95", "later_turns", "ttft_s", "p95")]
     base = summaries[names[0]]
     lines = [f"  {'':<16}" + "".join(f"{n:>22}" for n in names)]
     for label, kind, metric, q in rows:
@@ -543,6 +578,10 @@ def _variants_table(summaries: dict[str, dict]) -> str:
         per_million = [_engine_cpu_per_million_tokens(summaries[n]) for n in names]
         lines.append(f"  {'engine CPU-s/1M':<16}" + "".join(
             f"{'-' if v is None else f'{v:,.0f}':>22}" for v in per_million))
+    if all("engine_work" in summaries[n] for n in names):
+        for label, key, scale in WORK_ROWS:
+            cells = [summaries[n]["engine_work"].get(key, 0.0) / scale for n in names]
+            lines.append(f"  {label:<16}" + "".join(f"{c:>22,.1f}" for c in cells))
     if all("quality" in summaries[n] for n in names):
         for label, key, form in (("perplexity", "perplexity_candidate", "{:.3f}"),
                                  ("top-1 agreement", "top1_agreement", "{:.2%}"),
@@ -597,15 +636,15 @@ def _overhead(args) -> int:
         with processes.running(start()) as server:
             _warm_up(server.base_url, config.model.name)
             metrics_url = metrics_url_of(config) if setup != "vllm" else None
-            before = _settled_stage_samples(metrics_url)
+            before = _settled_scrape(metrics_url)
             runs[setup] = overhead.measure(server.base_url, config.model.name, requests,
                                            args.max_tokens, server.process.pid,
-                                           concurrency=args.concurrency)
+                                           concurrency=args.concurrency,
+                                           idle_sample_s=args.idle_sample_s)
             if before is not None:  # where pdserve's part of the TTFT went
                 print(f"{setup}: where the time to the first event went")
-                stages = _stages_since(metrics_url, before, runs[setup]["n"])
-                runs[setup]["stages"] = stages
-                runs[setup]["ttft_by_owner_s"] = overhead.engine_share(stages)
+                runs[setup] |= _work_since(metrics_url, before, runs[setup]["n"])
+                runs[setup]["ttft_by_owner_s"] = overhead.engine_share(runs[setup]["stages"])
     print(overhead.latency_table(runs, baseline="vllm"))
     print(overhead.cpu_table(runs))
     for setup, run in runs.items():

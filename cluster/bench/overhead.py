@@ -30,15 +30,16 @@ PATH_OVERRIDES = {
     "decode_local": lambda config: config.engine.max_model_len,
     "disaggregated": lambda config: 0,
 }
-IDLE_SAMPLE_S = 10.0  # how long each server's idle CPU is sampled before its run
+IDLE_SAMPLE_S = 10.0  # how long each server's idle CPU is sampled before its run (default)
 
 
 def measure(base_url: str, model: str, requests: list[PlannedRequest], max_tokens: int,
-            root_pid: int, concurrency: int = 1) -> dict[str, Any]:
+            root_pid: int, concurrency: int = 1,
+            idle_sample_s: float = IDLE_SAMPLE_S) -> dict[str, Any]:
     """One server's run: latencies of ``requests`` sent ``concurrency`` at a time (each
     group at once, the next when it has finished), and CPU per streamed token by role
     beyond the idle rate of ``root_pid``'s process tree."""
-    idle = _idle_cpu_rate(root_pid)
+    idle = _idle_cpu_rate(root_pid, idle_sample_s)
     cpu_before, started = cpu.sample_processes(), time.monotonic()
     ttfts, e2es, per_token, tokens = [], [], [], 0
     for first in range(0, len(requests), concurrency):
@@ -72,12 +73,12 @@ def relay_capacity(run: dict[str, Any], role: str = "router") -> float | None:
     return 1000 / per_token_ms if per_token_ms else None
 
 
-def _idle_cpu_rate(root_pid: int) -> dict[str, float]:
+def _idle_cpu_rate(root_pid: int, sample_s: float) -> dict[str, float]:
     """CPU-seconds per second each role of an idle server uses (polls, reports, Ray)."""
     before = cpu.sample_processes()
-    time.sleep(IDLE_SAMPLE_S)  # the idle window being measured
+    time.sleep(sample_s)  # the idle window being measured
     used = cpu.cpu_by_role(before, cpu.sample_processes(), root_pid)
-    return {role: seconds / IDLE_SAMPLE_S for role, seconds in used.items()}
+    return {role: seconds / sample_s for role, seconds in used.items()}
 
 
 def shorten(requests: list[PlannedRequest], max_tokens: int,

@@ -22,6 +22,7 @@ class RequestRecord:
     first_token_at: float | None = None
     token_times: list[float] = field(default_factory=list)
     output_tokens: int = 0
+    turn: int = 1                   # its place in its conversation (1: a first message)
 
     @property
     def ok(self) -> bool:
@@ -67,9 +68,11 @@ class SLO:
 
 
 def summarise(records: list[RequestRecord], duration_s: float, slo: SLO,
-              kind: str | None = None) -> dict:
-    """Latency percentiles, throughput, goodput and errors; ``kind`` filters short/long."""
-    chosen = [r for r in records if kind is None or r.kind == kind]
+              kind: str | None = None, later_turns: bool = False) -> dict:
+    """Latency percentiles, throughput, goodput and errors; ``kind`` filters short/long,
+    ``later_turns`` keeps only the turns after a conversation's first."""
+    chosen = [r for r in records if (kind is None or r.kind == kind)
+              and (not later_turns or r.turn > 1)]
     ok = [r for r in chosen if r.ok]
     ttfts = [r.ttft for r in ok if r.ttft is not None]
     itls = [gap for r in ok for gap in r.inter_token_gaps]
@@ -83,6 +86,7 @@ def summarise(records: list[RequestRecord], duration_s: float, slo: SLO,
         "ttft_s": _percentiles(ttfts),
         "itl_s": _percentiles(itls),
         "e2e_s": _percentiles(e2es),
+        "prompt_tokens": sum(r.prompt_tokens for r in ok),
         "output_tokens_per_s": output_tokens / duration_s if duration_s > 0 else 0.0,
         "requests_per_s": len(ok) / duration_s if duration_s > 0 else 0.0,
         "goodput_requests_per_s": len(good) / duration_s if duration_s > 0 else 0.0,

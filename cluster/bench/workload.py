@@ -12,12 +12,15 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 WorkloadName = Literal["reference", "interference"]
 
 MAX_PROMPT_TOKENS = 8192
+LONG_PROMPT_TOKENS = 2048  # the reference workload's prompts from here on count as long
+# apart from the seed: each shared head's words come from a random stream of its own
+PREFIX_SEED_STRIDE = 7919
 
 _WORDS = [
     "the",
@@ -89,6 +92,12 @@ class PlannedRequest:
     prompt_tokens: int  # its length in tokens (as counted when it was built)
     max_tokens: int
     kind: Literal["short", "long"]
+    # A later turn of a conversation: ``prompt`` is only its new message, sent
+    # ``think_s`` after the answer to request ``follows`` came, appended to that request's
+    # prompt and answer; ``prompt_tokens`` is then an estimate (the answer is not known).
+    follows: int | None = None
+    think_s: float = 0.0
+    turn: int = 1
 
 
 @dataclass(frozen=True)
@@ -102,13 +111,21 @@ class WorkloadSpec:
     peak_window: tuple[float, float] | None = None  # seconds after start
     long_fraction: float = 0.1  # interference: share of 4-8K-token prompts
     max_model_len: int = MAX_PROMPT_TOKENS + 1024
-    shared_prefix_tokens: int = 0  # >0: every prompt starts with the same text
+    shared_prefix_tokens: int = 0  # >0: every prompt starts with one of the shared heads
+    prefix_groups: int = 1  # how many distinct shared heads (system prompts) there are
     repeat_fraction: float = 0.0  # share of requests that repeat an earlier one exactly
+    turns: int = 1  # requests per conversation: each later turn carries the history
+    think_s: float = 2.0  # mean pause between an answer and its conversation's next turn
+    message_tokens: int = 48  # mean length of a later turn's new message, before scaling
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not 0 <= self.repeat_fraction < 1:
             raise ValueError(f"repeat_fraction must be in [0, 1), not {self.repeat_fraction}")
+        if self.prefix_groups < 1:
+            raise ValueError(f"prefix_groups must be at least 1, not {self.prefix_groups}")
+        if self.turns < 1 or self.think_s < 0 or self.message_tokens < 1:
+            raise ValueError("turns and message_tokens must be at least 1, think_s at least 0")
 
 
 def arrival_times(spec: WorkloadSpec, rng: random.Random) -> list[float]:
@@ -136,7 +153,7 @@ def request_lengths(spec: WorkloadSpec, rng: random.Random) -> tuple[int, int, s
         return round(_lognormal_with_mean(rng, 200, 0.5)), rng.randint(48, 96), "short"
     prompt = min(round(_lognormal_with_mean(rng, 500, 1.0)), MAX_PROMPT_TOKENS)
     output = round(_lognormal_with_mean(rng, 300, 0.6))
-    return prompt, output, "long" if prompt >= 2048 else "short"
+    return prompt, output, "long" if prompt >= LONG_PROMPT_TOKENS else "short"
 
 
 def build_prompt(
@@ -159,15 +176,33 @@ def build_prompt(
     return text
 
 
+def shared_prefixes(spec: WorkloadSpec, count_tokens: Callable[[str], int]) -> list[str]:
+    """The workload's shared heads (system prompts), ``prefix_groups`` of them, each about
+    ``shared_prefix_tokens`` long; they differ within their first few tokens, so no two
+    groups share a KV block."""
+    if not spec.shared_prefix_tokens:
+        return [""]
+    return [build_prompt(-1 - group, spec.shared_prefix_tokens,
+                         random.Random(spec.seed + 1 + PREFIX_SEED_STRIDE * group),
+                         count_tokens) + "\n"
+            for group in range(spec.prefix_groups)]
+
+
 def plan(spec: WorkloadSpec, count_tokens: Callable[[str], int]) -> list[PlannedRequest]:
-    """The whole seeded workload."""
+    """The whole seeded workload: ``num_requests`` requests, in conversations of
+    ``turns`` (the first turns arrive at ``rate / turns``, so that all turns together
+    come at about ``rate``)."""
+    conversations = -(-spec.num_requests // spec.turns)
+    first = _first_turns(replace(spec, num_requests=conversations,
+                                 rate=spec.rate / spec.turns), count_tokens)
+    return first + _later_turns(spec, first, count_tokens)
+
+
+def _first_turns(spec: WorkloadSpec, count_tokens: Callable[[str], int]) -> list[PlannedRequest]:
     rng = random.Random(spec.seed)
-    shared = ""
-    if spec.shared_prefix_tokens:
-        shared = (
-            build_prompt(-1, spec.shared_prefix_tokens, random.Random(spec.seed + 1), count_tokens)
-            + "\n"
-        )
+    prefixes = shared_prefixes(spec, count_tokens)
+    # Its own random stream: the arrival times stay those of the workload without heads.
+    groups = random.Random(spec.seed + 3)
     requests: list[PlannedRequest] = []
     # Its own random stream: the arrival times stay those of the workload without repeats.
     repeats = random.Random(spec.seed + 2)
@@ -183,10 +218,42 @@ def plan(spec: WorkloadSpec, count_tokens: Callable[[str], int]) -> list[Planned
         prompt_tokens = max(8, round(prompt_tokens * spec.scale))
         output_tokens = max(1, round(output_tokens * spec.scale))
         output_tokens = min(output_tokens, spec.max_model_len - prompt_tokens - 16)
-        prompt = build_prompt(index, prompt_tokens, rng, count_tokens, shared)
+        prompt = build_prompt(index, prompt_tokens, rng, count_tokens,
+                              groups.choice(prefixes))
         # The distinct head can make a very short target longer: record the real length.
         real_length = count_tokens(prompt)
         requests.append(
             PlannedRequest(index, send_at, prompt, real_length, output_tokens, kind)
         )
     return requests
+
+
+def _later_turns(spec: WorkloadSpec, first: list[PlannedRequest],
+                 count_tokens: Callable[[str], int]) -> list[PlannedRequest]:
+    """Turns 2.. of each conversation, until ``num_requests`` in all: a short new message
+    each, sent a think time after the answer before it. A conversation whose history
+    would no longer fit the model's context ends early."""
+    rng = random.Random(spec.seed + 4)  # its own stream: the first turns stay as they are
+    latest: list[PlannedRequest | None] = list(first)
+    later: list[PlannedRequest] = []
+    for turn in range(2, spec.turns + 1):
+        for conversation, previous in enumerate(latest):
+            if len(first) + len(later) >= spec.num_requests:
+                return later
+            if previous is None:
+                continue
+            index = len(first) + len(later)
+            message = "\n" + build_prompt(index, max(4, round(_lognormal_with_mean(
+                rng, spec.message_tokens, 0.5) * spec.scale)), rng, count_tokens)
+            history = previous.prompt_tokens + previous.max_tokens + count_tokens(message)
+            output_tokens = max(1, round(request_lengths(spec, rng)[1] * spec.scale))
+            if history + output_tokens + 16 > spec.max_model_len:
+                latest[conversation] = None
+                continue
+            think_s = rng.expovariate(1 / spec.think_s) if spec.think_s else 0.0
+            latest[conversation] = PlannedRequest(
+                index, 0.0, message, history, output_tokens,
+                "long" if history >= LONG_PROMPT_TOKENS else "short",
+                follows=previous.index, think_s=think_s, turn=turn)
+            later.append(latest[conversation])
+    return later

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from cluster.bench.stats import SLO, RequestRecord, ratio, summarise
-from cluster.bench.workload import WorkloadSpec, arrival_times, plan
+from cluster.bench.workload import WorkloadSpec, arrival_times, plan, shared_prefixes
 from cluster.slo import SLOConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,6 +43,60 @@ def test_a_repeat_fraction_repeats_earlier_requests_exactly_at_the_same_arrivals
     assert 40 <= repeats <= 80          # ~30% of 200
     with pytest.raises(ValueError, match="repeat_fraction"):
         WorkloadSpec(repeat_fraction=1.0)
+
+
+def test_shared_heads_start_every_prompt_one_group_each_at_the_same_arrivals():
+    """Tenants' system prompts: each prompt begins with one of ``prefix_groups`` heads of
+    ~``shared_prefix_tokens``, no two heads share a KV block, and the arrivals are those
+    of the workload without heads."""
+    fresh = plan(WorkloadSpec(num_requests=120, seed=5, scale=0.1), count_bytes)
+    spec = WorkloadSpec(num_requests=120, seed=5, scale=0.1, shared_prefix_tokens=256,
+                        prefix_groups=4)
+    grouped = plan(spec, count_bytes)
+    assert grouped == plan(spec, count_bytes)
+    assert [r.send_at for r in grouped] == [r.send_at for r in fresh]
+    heads = shared_prefixes(spec, count_bytes)
+    assert len(heads) == 4 and all(250 <= count_bytes(h) <= 260 for h in heads)
+    assert len({h[:16] for h in heads}) == 4          # apart within the first block
+    users = [sum(r.prompt.startswith(h) for r in grouped) for h in heads]
+    assert sum(users) == 120 and min(users) >= 15     # every request has one head
+    # one group is the single shared head the option gave before there were groups
+    assert shared_prefixes(WorkloadSpec(shared_prefix_tokens=256, seed=5), count_bytes) == \
+        heads[:1]
+    assert shared_prefixes(WorkloadSpec(seed=5), count_bytes) == [""]
+    with pytest.raises(ValueError, match="prefix_groups"):
+        WorkloadSpec(prefix_groups=0)
+
+
+def test_conversations_chain_their_turns_and_come_at_the_rate_in_all():
+    spec = WorkloadSpec(num_requests=30, rate=3.0, seed=2, scale=0.1, turns=3, think_s=1.5)
+    planned = plan(spec, count_bytes)
+    assert planned == plan(spec, count_bytes) and len(planned) == 30
+    assert [r.index for r in planned] == list(range(30))
+    first = [r for r in planned if r.follows is None]
+    # ten conversations, their openings at a third of the rate: all turns come at ~rate
+    assert first == plan(WorkloadSpec(num_requests=10, rate=1.0, seed=2, scale=0.1),
+                         count_bytes)
+    by_index = {r.index: r for r in planned}
+    for request in planned:
+        if request.follows is None:
+            assert request.turn == 1
+            continue
+        earlier = by_index[request.follows]
+        assert request.turn == earlier.turn + 1 and request.index > earlier.index
+        assert request.prompt.startswith("\n") and request.think_s >= 0
+        # the history is an estimate: the earlier prompt, its whole answer, the message
+        assert request.prompt_tokens == (earlier.prompt_tokens + earlier.max_tokens
+                                         + count_bytes(request.prompt))
+    assert sorted(r.turn for r in planned) == [1] * 10 + [2] * 10 + [3] * 10
+    assert 0.5 < sum(r.think_s for r in planned if r.turn > 1) / 20 < 3.0
+    # a conversation whose history would not fit the context ends early
+    tight = plan(WorkloadSpec(num_requests=30, seed=2, scale=0.1, turns=3,
+                              max_model_len=120), count_bytes)
+    assert all(r.prompt_tokens + r.max_tokens + 16 <= 120 for r in tight if r.turn > 1)
+    assert len(tight) < 30
+    with pytest.raises(ValueError, match="turns"):
+        WorkloadSpec(turns=0)
 
 
 def test_prompts_are_text_of_the_recorded_length():
