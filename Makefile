@@ -13,12 +13,13 @@ setup:
 run: setup
 	$(VENV)/bin/pdserve up --config $(CONFIG)
 
-# The quantized cluster, the fault suite and the multi-node imitation each run a Ray
-# cluster of their own: after the others, never beside.
+# The quantized cluster, the bench commands' servers, the fault suite and the multi-node
+# imitation each run a Ray cluster of their own: after the others, never beside.
 test: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -ra $(DURATIONS) -m "not multinode and not faults and not levers" $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -ra $(DURATIONS) -m "not multinode and not faults and not levers and not bench" $(PYTEST_ARGS)
 	$(VENV)/bin/python -m pytest -ra $(DURATIONS) -m levers $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -ra $(DURATIONS) -m bench $(PYTEST_ARGS)
 	$(VENV)/bin/python -m pytest -ra $(DURATIONS) -m faults $(PYTEST_ARGS)
 	$(VENV)/bin/python -m pytest -ra $(DURATIONS) -m multinode $(PYTEST_ARGS)
 
