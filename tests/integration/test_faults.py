@@ -245,6 +245,16 @@ def stream_tokens(base_url: str, prompt: str, max_tokens: int,
     return tokens, other
 
 
+def decode_cached() -> float:
+    """Prompt tokens the decode engines found in their prefix caches, since they started."""
+    return total(scrape(METRICS_URL), "ray_pdserve_engine_prompt_tokens_total", pool="decode",
+                 source="cached")
+
+
+def answered_ok() -> float:
+    return total(scrape(METRICS_URL), "ray_pdserve_requests_total", outcome="ok")
+
+
 def retried(stage: str, action: str | None, reason: str | None = None) -> float:
     """How many times ``stage`` failed (for ``reason``) and ``action`` followed (None: any)."""
     labels = {"stage": stage, "action": action, "reason": reason}
@@ -305,7 +315,8 @@ class Background:
         def run() -> None:
             try:
                 self._outcome["value"] = call()
-            except Exception as error:  # handed to the test's thread by result()
+            except BaseException as error:  # handed to the test's thread by result();
+                # pytest.fail's is no Exception
                 self._outcome["error"] = error
 
         self._thread = threading.Thread(target=run, daemon=True)
@@ -393,6 +404,51 @@ def test_decode_replicas_killed_before_the_first_token_answer_in_full(cluster):
     assert response.json()["choices"][0]["token_ids"] == expected
     counted("decode", "decode_local", LOST, before + 1)
     nothing_leaked(cluster, killed)
+    wait_until_whole(cluster)
+
+
+def test_the_decode_replica_a_prefix_is_pinned_to_killed_its_next_request_answers_in_full(
+        cluster):
+    """A system prompt pins its requests to the decode replica whose prefix cache holds it
+    (router.routing.decode.prefix_affinity_slots). That replica is killed the moment a
+    request with the head has finished, before Serve has heard of it, and the next request
+    with the head is sent at once: it is answered in full, by the other replica, with one
+    retry at most; the router forgets the dead replica's cache, so the request after it
+    needs none, and nothing leaks."""
+    head = unique_prompt(150)   # ~700 tokens: 20 blocks, disaggregated
+    second, third = head + " the second question", head + " the third question"
+    head_tokens = (len(head.encode()) // CONFIG.engine.block_size - 1) * CONFIG.engine.block_size
+    wait_for(engines_quiet(), "every engine idle", RECOVERY_S)
+    cached_before = decode_cached()
+    expected = {prompt: complete(cluster, prompt, max_tokens=16, ignore_eos=True).json()[
+        "choices"][0]["token_ids"] for prompt in (second, third)}
+    # the third found the head where the second left it (and its count is in: the next
+    # one's must not be mistaken for it)
+    wait_for(lambda: decode_cached() - cached_before >= head_tokens,
+             "the head found in a decode replica's prefix cache", 60)
+    retries_before, cached_before = retried("decode", None), decode_cached()
+    # The replica that decodes a stream with the head is the one it is pinned to ...
+    pinned = Background(lambda: computing("decode"))
+    tokens, other = stream_tokens(cluster, head + " the first question", 1500)
+    assert len(tokens) == 1500 and other == ["[DONE]"]
+    actor, cores = pinned.result()
+    # ... which held the head already: the stream found it in its prefix cache
+    wait_for(lambda: decode_cached() - cached_before >= head_tokens,
+             "the stream's head found in its decode replica's prefix cache", 60)
+    answered_before = answered_ok()
+    os.kill(actor.pid, signal.SIGKILL)
+    injected()
+    for prompt in (second, third):
+        response = complete(cluster, prompt, max_tokens=16, ignore_eos=True)
+        assert response.status_code == 200, response.text
+        assert response.json()["choices"][0]["token_ids"] == expected[prompt]
+    # The router reports its retries with its requests: once both answers are counted,
+    # so is every retry they took.
+    wait_for(lambda: answered_ok() >= answered_before + 2, "both answers counted", 60)
+    retries = retried("decode", None) - retries_before
+    print(f"retries after the pinned replica was killed: {retries:.0f}")
+    assert retries <= 1
+    nothing_leaked(cluster, [core.pid for core in cores])
     wait_until_whole(cluster)
 
 
