@@ -110,6 +110,20 @@ def head_size(hf_config: dict) -> int:
     return hf_config.get("head_dim") or hf_config["hidden_size"] // hf_config["num_attention_heads"]
 
 
+FLOAT_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2}
+
+
+def kv_element_bytes(dtype: str, kv_cache_dtype: str, hf_config: dict) -> int:
+    """Bytes per KV element of an engine with these ``engine.dtype`` and
+    ``engine.kv_cache_dtype`` settings serving this ``config.json`` (``auto``: the
+    checkpoint's own dtype)."""
+    if kv_cache_dtype.startswith("fp8"):
+        return 1
+    if dtype == "auto":
+        dtype = hf_config.get("torch_dtype") or hf_config.get("dtype") or "float32"
+    return FLOAT_BYTES[dtype]
+
+
 def kv_bytes_per_token(hf_config: dict, element_bytes: int) -> int:
     """Bytes of KV cache one token takes in a model of this ``config.json`` (keys and
     values, every layer), at ``element_bytes`` per element (1 for fp8, 4 for float32)."""

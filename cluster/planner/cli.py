@@ -38,7 +38,15 @@ def add_parser(commands) -> None:
     plan.add_argument("--decode-batches", default=None,
                       help="calibrate: decode batch sizes swept (default 1,...,64)")
     plan.add_argument("--transfer-ms", type=float, default=0.0,
-                      help="replay: a KV transfer's time between the pools")
+                      help="replay: a KV transfer's time between the pools, when "
+                      "--transfer-from is not given")
+    plan.add_argument("--transfer-from", type=Path, default=None,
+                      help="replay: a `pdserve bench transfer` JSON file: each prompt's "
+                      "transfer then takes its KV bytes at the latency and bandwidth "
+                      "measured over --transfer-transport")
+    plan.add_argument("--transfer-transport", default="cma",
+                      help="replay: the transport of --transfer-from's rows (cma: pools on "
+                      "one host, as the served configs run; tcp: between hosts)")
     plan.add_argument("--model", default="llama-3.1-70b",
                       help="llama-3.1-70b, or a checkpoint folder or config.json path")
     plan.add_argument("--accelerator", default="h100", help="h100, h200 or a100")
@@ -155,6 +163,27 @@ def _calibrate(args) -> int:
     return 0
 
 
+def _measured_transfer(args, config) -> tuple:
+    """(Transfer, KV bytes per token of the served model) from --transfer-from, or
+    (None, 0) without it."""
+    if args.transfer_from is None:
+        return None, 0
+    from cluster.engine.cpu_support import kv_bytes_per_token, kv_element_bytes
+    from cluster.planner.cost_model import measured_transfer
+
+    rows = json.loads(args.transfer_from.read_text())["rows"]
+    try:
+        transfer = measured_transfer(rows, args.transfer_transport)
+    except ValueError as error:
+        raise SystemExit(f"pdserve plan replay --transfer-from: {error}") from None
+    hf_config = json.loads((Path(config.model.path) / "config.json").read_text())
+    per_token = kv_bytes_per_token(hf_config, kv_element_bytes(
+        config.engine.dtype, config.engine.kv_cache_dtype, hf_config))
+    print(f"KV transfer over {args.transfer_transport}: {transfer.latency_s * 1000:.2f} ms + "
+          f"bytes at {transfer.bandwidth / 1e9:.1f} GB/s; {per_token:,} bytes a token")
+    return transfer, per_token
+
+
 def _replay(args) -> int:
     from cluster.config import load_config
     from cluster.planner.replay import Served, fit_offsets, measured, simulate, trace_requests
@@ -167,7 +196,8 @@ def _replay(args) -> int:
     calibration = json.loads(args.calibration.read_text())
     served = Served(config.prefill.replicas, config.decode.replicas,
                     config.router.disaggregation_threshold_tokens, calibration["prefill"],
-                    calibration["decode"], args.transfer_ms / 1000)
+                    calibration["decode"], args.transfer_ms / 1000,
+                    *_measured_transfer(args, config))
     traces = [json.loads(path.read_text())["records"] for path in args.trace]
     offset, slowdown = fit_offsets(served, traces[0])
     first = args.trace[0]

@@ -16,6 +16,7 @@ transfer takes ``latency + bytes / (link * efficiency)``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from cluster.planner.hardware import Accelerator
@@ -73,3 +74,24 @@ class Transfer:
 
     def time(self, num_bytes: float) -> float:
         return self.latency_s + num_bytes / (self.bandwidth * self.efficiency)
+
+
+def measured_transfer(rows: Sequence[Mapping], transport: str, block_kib: int = 16) -> Transfer:
+    """The KV transfer ``pdserve bench transfer`` measured over ``transport`` with
+    descriptors of ``block_kib`` (its JSON's ``rows``): a least-squares line of each read's
+    time on its bytes, so a fixed latency (at least 0) and bytes at the fitted bandwidth,
+    taken as measured (efficiency 1)."""
+    points = [(row["mib"] * 2**20, row["mib"] * 2**20 / (row["nixl_gbps"] * 1e9))
+              for row in rows if row.get("transport", "tcp") == transport
+              and row.get("block_kib", 16) == block_kib]
+    if len({size for size, _ in points}) < 2:
+        raise ValueError(f"bench transfer rows hold fewer than two sizes for {transport!r} "
+                         f"with {block_kib} KiB blocks")
+    mean_size = sum(size for size, _ in points) / len(points)
+    mean_time = sum(time for _, time in points) / len(points)
+    slope = (sum((size - mean_size) * (time - mean_time) for size, time in points)
+             / sum((size - mean_size) ** 2 for size, _ in points))
+    if slope <= 0:
+        raise ValueError(f"bench transfer rows for {transport!r} do not grow with size")
+    return Transfer(bandwidth=1 / slope, latency_s=max(0.0, mean_time - slope * mean_size),
+                    efficiency=1.0)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.percentile import percentile
+from cluster.planner.cost_model import Transfer
 from cluster.planner.des import ClusterSpec, EngineLimits, SimRequest, Simulation
 from cluster.planner.fitted import FittedCost
 
@@ -29,7 +30,15 @@ class Served:
     threshold_tokens: int
     prefill: Mapping[str, Any]       # a pool's entry of the calibration file
     decode: Mapping[str, Any]
-    transfer_s: float = 0.0
+    transfer_s: float = 0.0         # each prompt's KV transfer, when none is measured
+    transfer: Transfer | None = None  # measured (``pdserve bench transfer``): by bytes
+    kv_bytes_per_token: int = 0
+
+    def transfer_time(self, prompt_tokens: int) -> float:
+        """One prompt's KV transfer between the pools."""
+        if self.transfer is None:
+            return self.transfer_s
+        return self.transfer.time(prompt_tokens * self.kv_bytes_per_token)
 
 
 @dataclass(frozen=True)
@@ -77,7 +86,7 @@ def simulate(served: Served, requests: Sequence[SimRequest], ttft_offset_s: floa
              decode_slowdown: float = 1.0, seed: int = 0) -> Latencies:
     spec = ClusterSpec(served.prefill_replicas, served.decode_replicas,
                        step_cost(served.prefill), step_cost(served.decode, decode_slowdown),
-                       lambda prompt: served.transfer_s, prefill_limits=_limits(served.prefill),
+                       served.transfer_time, prefill_limits=_limits(served.prefill),
                        decode_limits=_limits(served.decode),
                        threshold_tokens=served.threshold_tokens)
     result = Simulation(spec, requests, random.Random(seed)).run()

@@ -10,6 +10,7 @@ import pytest
 
 from cluster.cli import main
 from cluster.config import load_config
+from cluster.engine.cpu_support import kv_bytes_per_token
 from cluster.planner.fitted import FittedCost
 
 TEST_CONFIG = Path(__file__).resolve().parents[1] / "integration" / "pdserve-test.yaml"
@@ -92,3 +93,20 @@ def test_calibrate_times_both_pools_engines_and_replay_uses_the_fit(tmp_path, ca
     assert "simulated |" in capsys.readouterr().out
     replayed = json.loads((tmp_path / "replay.json").read_text())
     assert replayed["runs"][0]["simulated"]["ttft_p50"] == pytest.approx(0.05, rel=0.1)
+    # A measured transfer (20 ms a read, whatever its size: a slow link) is part of each
+    # simulated TTFT, so the serving layer's fitted share of the same measured TTFT shrinks
+    slow_link = tmp_path / "transfer.json"
+    slow_link.write_text(json.dumps({"rows": [
+        {"transport": "cma", "mib": mib, "block_kib": 16,
+         "nixl_gbps": mib * 2**20 / (0.020 + mib * 2**20 / 1e10) / 1e9} for mib in (1, 64)]}))
+    capsys.readouterr()
+    assert main(["plan", "replay", "--config", str(TEST_CONFIG), "--calibration",
+                 str(calibration), "--trace", str(trace), "--transfer-from", str(slow_link),
+                 "--out", str(tmp_path / "measured")]) == 0
+    served = load_config(TEST_CONFIG)
+    per_token = kv_bytes_per_token(json.loads(
+        (Path(served.model.path) / "config.json").read_text()), 4)    # float32
+    assert f"{per_token:,} bytes a token" in capsys.readouterr().out
+    with_link = json.loads((tmp_path / "measured" / "replay.json").read_text())
+    assert with_link["ttft_offset_s"] == pytest.approx(replayed["ttft_offset_s"] - 0.020,
+                                                       abs=0.004)

@@ -10,6 +10,7 @@ from cluster.engine.cpu_support import (
     head_size,
     kv_bytes_per_token,
     kv_cache_refusal,
+    kv_element_bytes,
     quantization_refusal,
 )
 
@@ -82,3 +83,10 @@ def test_kv_bytes_per_token_counts_keys_and_values_of_every_layer():
               "num_hidden_layers": 4}
     assert kv_bytes_per_token(config, 4) == 2 * 4 * 2 * 64 * 4
     assert kv_bytes_per_token({**config, "head_dim": 32}, 1) == 2 * 4 * 2 * 32
+
+
+def test_a_kv_element_is_the_cache_dtype_or_the_engines_or_the_checkpoints():
+    assert kv_element_bytes("float32", "fp8", {}) == 1
+    assert kv_element_bytes("float32", "auto", {"torch_dtype": "bfloat16"}) == 4
+    assert kv_element_bytes("auto", "auto", {"torch_dtype": "bfloat16"}) == 2
+    assert kv_element_bytes("auto", "auto", {}) == 4

@@ -19,7 +19,7 @@ import yaml
 
 from cluster.bench.workload import WorkloadSpec
 from cluster.config import parse_config
-from cluster.planner.cost_model import Roofline, Transfer
+from cluster.planner.cost_model import Roofline, Transfer, measured_transfer
 from cluster.planner.des import ClusterSpec, EngineLimits, SimRequest, Simulation
 from cluster.planner.fitted import FittedCost, StepSample, fit, relative_errors
 from cluster.planner.hardware import CATALOG
@@ -281,3 +281,27 @@ def test_a_replay_recovers_the_serving_layers_constants_from_a_run_they_made():
     seen = simulate(served, requests, fitted_offset, fitted_slowdown)
     assert seen.ttft_p50 == pytest.approx(truth.ttft_p50, rel=0.05)
     assert seen.e2e_p50 == pytest.approx(truth.e2e_p50, rel=0.05)
+
+
+def test_a_measured_transfer_is_the_line_through_bench_transfers_reads():
+    """`pdserve bench transfer` rows (GB/s per size) give back the latency and bandwidth
+    they were made with; other transports' and block sizes' rows are left out."""
+    latency, bandwidth = 0.0004, 12e9
+
+    def row(mib: int, transport: str = "cma", block_kib: int = 16, slower: float = 1.0):
+        seconds = (latency + mib * 2**20 / bandwidth) * slower
+        return {"transport": transport, "mib": mib, "block_kib": block_kib,
+                "nixl_gbps": mib * 2**20 / seconds / 1e9}
+
+    rows = [row(m) for m in (1, 4, 16, 64)] + [row(16, "tcp", slower=8),
+                                               row(64, block_kib=1024, slower=0.5)]
+    transfer = measured_transfer(rows, "cma")
+    assert transfer.latency_s == pytest.approx(latency, rel=1e-6)
+    assert transfer.bandwidth == pytest.approx(bandwidth, rel=1e-6)
+    assert transfer.time(8 * 2**20) == pytest.approx(latency + 8 * 2**20 / bandwidth)
+    with pytest.raises(ValueError, match="fewer than two sizes"):
+        measured_transfer(rows, "tcp")
+    # a replay then times each prompt's transfer by its KV bytes
+    served = replace(served_cluster(), transfer=transfer, kv_bytes_per_token=4096)
+    assert served.transfer_time(2048) == pytest.approx(transfer.time(2048 * 4096))
+    assert served_cluster().transfer_time(2048) == 0.002   # none measured: the constant
