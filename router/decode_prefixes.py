@@ -58,9 +58,11 @@ class DecodeCacheLink:
     def routed(self, request_id: str, token_ids: Sequence[int], replica: str) -> None:
         self._apply(lambda belief: belief.routed(request_id, token_ids, replica), None)
 
-    def finished(self, request_id: str, sequence: Sequence[int]) -> None:
-        """``request_id`` finished with ``sequence`` (prompt and answer) on its replica."""
-        self._apply(lambda belief: belief.finished(request_id, sequence), None)
+    def finished(self, request_id: str, sequence: Sequence[int],
+                 prompt: Sequence[int] = ()) -> None:
+        """``request_id`` finished with ``sequence`` (``prompt`` and the answer) on its
+        replica."""
+        self._apply(lambda belief: belief.finished(request_id, sequence, prompt), None)
 
     def forget(self, replica: str) -> None:
         self._apply(lambda belief: belief.forget(replica), None)

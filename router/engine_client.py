@@ -98,7 +98,9 @@ class PDEngineClient:
         sends it whole; several pieces, should it send them, are merged)."""
         lifecycle = self._requests[request_key(request_id)]
         lifecycle.rendered()
-        token_ids = list(prompt["prompt_token_ids"])
+        # one tuple from here on: the decode pool's prefix belief hashes it once for the
+        # path choice, the decode router's ranking and its record (replica_choice.ChainMemo)
+        token_ids = tuple(prompt["prompt_token_ids"])
         try:
             check_token_ids(token_ids, self._vocab_size)
         except APIError as error:  # a stream would carry it as a 500 event: the router answers
@@ -109,7 +111,7 @@ class PDEngineClient:
         route = path.route
         # The prompts of one batched request run one after another: Serve gives the calls a
         # request makes its own internal id, and two streams of one id at once lose one.
-        request = EngineRequest(request_id, tuple(token_ids), sampling_params,
+        request = EngineRequest(request_id, token_ids, sampling_params,
                                 reasoning_ended, reasoning_parser_kwargs,
                                 chunk_interval_s=self._chunk_interval(sampling_params),
                                 decode_replica=path.decode_replica)
@@ -243,7 +245,7 @@ class PDEngineClient:
             return self._chunk_interval_s
         return 0.0
 
-    def route(self, token_ids: list[int], sampling_params: Any) -> PathChoice:
+    def route(self, token_ids: Sequence[int], sampling_params: Any) -> PathChoice:
         """Per-request disaggregation, and the requests the prefill pool cannot serve.
 
         ``n`` > 1: each choice on the decode engine would pull the same remote blocks,

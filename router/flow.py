@@ -204,7 +204,8 @@ class DisaggregatedFlow:
         """``current`` (``request`` or its continuation) finished: its decode engine holds
         the prompt and the answer (one choice only: ``sent`` mixes the choices of n > 1)."""
         if self.decode_cache is not None and request.sampling.n == 1:
-            self.decode_cache.finished(current.request_id, (*request.prompt_token_ids, *sent))
+            self.decode_cache.finished(current.request_id, (*request.prompt_token_ids, *sent),
+                                       request.prompt_token_ids)
 
     def _release(self, request_id: str, handle) -> None:
         """Ask a decode replica, in the background, to give ``handle`` up (vLLM's

@@ -8,6 +8,7 @@ sent to the engines.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from router.errors import bad_request
@@ -45,7 +46,7 @@ def _same(value: Any, neutral: Any) -> bool:
     return value == neutral
 
 
-def check_token_ids(token_ids: list[int], vocab_size: int) -> None:
+def check_token_ids(token_ids: Sequence[int], vocab_size: int) -> None:
     """A prompt must name tokens the model has (a 400, before any engine sees it)."""
     for token_id in token_ids:
         if not 0 <= token_id < vocab_size:

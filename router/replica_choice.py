@@ -50,14 +50,17 @@ BlockHash = int
 
 
 def prefix_block_hashes(
-    token_ids: Sequence[int], block_size: int, max_blocks: int = 64
+    token_ids: Sequence[int], block_size: int, max_blocks: int = 64,
+    known: Sequence[BlockHash] = (),
 ) -> tuple[BlockHash, ...]:
     """Hash chain over the prompt's leading full blocks: ``h_i = H(h_{i-1}, block_i)``.
 
     ``h_i`` identifies the whole prefix up to block ``i``, so two prompts share ``h_i``
     exactly when (up to hash collisions) they share their first ``i + 1`` blocks. Only
     full blocks count, as an engine's prefix cache only reuses full blocks; at most
-    ``max_blocks`` are hashed, bounding the work per request.
+    ``max_blocks`` are hashed, bounding the work per request. ``known``: the chain of a
+    prefix of ``token_ids`` already hashed (a prompt's, for its prompt and answer), which
+    the chain goes on from instead of hashing those blocks again.
 
     ``hash`` of a tuple of ints is not salted by PYTHONHASHSEED, so the chain is the same in
     every process of one Python version; it is ~7x cheaper than a cryptographic hash, and a
@@ -66,12 +69,44 @@ def prefix_block_hashes(
     if block_size < 1 or max_blocks < 0:
         raise ValueError("block_size >= 1 and max_blocks >= 0 required")
     num_blocks = min(len(token_ids) // block_size, max_blocks)
-    hashes: list[BlockHash] = []
-    previous = 0
-    for start in range(0, num_blocks * block_size, block_size):
+    hashes = list(known[:num_blocks])
+    previous = hashes[-1] if hashes else 0
+    for start in range(len(hashes) * block_size, num_blocks * block_size, block_size):
         previous = hash((previous, *token_ids[start:start + block_size]))
         hashes.append(previous)
     return tuple(hashes)
+
+
+class ChainMemo:
+    """The hash chains of the last few prompts, by the identity of their token tuple.
+
+    One request's prompt is one tuple in the router's process, hashed by several readers
+    of one belief (which replica holds its head: the path choice, then the decode router's
+    ranking and its record of where the prompt went): up to 512 blocks, ~0.1 ms at 8K
+    tokens, each time. The memo keeps a reference to each tuple it holds, so no other
+    object can take its id while it is there. Not thread-safe: its owner guards it.
+    """
+
+    def __init__(self, size: int = 64):
+        self._size = size
+        self._chains: OrderedDict[int, tuple[Sequence[int], tuple[BlockHash, ...]]] = \
+            OrderedDict()
+
+    def chain(self, token_ids: Sequence[int], block_size: int,
+              max_blocks: int) -> tuple[BlockHash, ...]:
+        """``prefix_block_hashes(token_ids, block_size, max_blocks)``, computed once per
+        tuple (a list is hashed every time: it may change)."""
+        if not isinstance(token_ids, tuple):
+            return prefix_block_hashes(token_ids, block_size, max_blocks)
+        kept = self._chains.get(id(token_ids))
+        if kept is not None and kept[0] is token_ids:
+            self._chains.move_to_end(id(token_ids))
+            return kept[1]
+        chain = prefix_block_hashes(token_ids, block_size, max_blocks)
+        self._chains[id(token_ids)] = (token_ids, chain)
+        while len(self._chains) > self._size:
+            self._chains.popitem(last=False)
+        return chain
 
 
 class PrefixIndex:
@@ -131,6 +166,7 @@ class DecodeCacheBelief:
         self.block_size = block_size
         self.max_blocks = max_blocks
         self._index = PrefixIndex(capacity)
+        self._chains = ChainMemo()
         self._routed: OrderedDict[str, ReplicaId] = OrderedDict()
         self._max_requests = max_requests
 
@@ -140,7 +176,7 @@ class DecodeCacheBelief:
         return self.block_size, self.max_blocks, self._index.capacity
 
     def hashes(self, token_ids: Sequence[int]) -> tuple[BlockHash, ...]:
-        return prefix_block_hashes(token_ids, self.block_size, self.max_blocks)
+        return self._chains.chain(token_ids, self.block_size, self.max_blocks)
 
     def match(self, token_ids: Sequence[int]) -> dict[ReplicaId, int]:
         """Per replica, how many leading blocks of ``token_ids`` it is believed to hold."""
@@ -163,13 +199,17 @@ class DecodeCacheBelief:
         while len(self._routed) > self._max_requests:
             self._routed.popitem(last=False)
 
-    def finished(self, request_id: str, sequence: Sequence[int]) -> None:
+    def finished(self, request_id: str, sequence: Sequence[int],
+                 prompt: Sequence[int] = ()) -> None:
         """``request_id`` ended with ``sequence`` (prompt and answer) computed on the replica
         it was routed to (unknown, or forgotten: nothing recorded). The last generated
-        token was never fed back, so its KV does not exist: it is left out."""
+        token was never fed back, so its KV does not exist: it is left out. ``prompt``, the
+        head of ``sequence`` the request was routed with, spares hashing it again."""
         replica = self._routed.pop(request_id, None)
         if replica is not None:
-            self._index.record(self.hashes(sequence[:-1]), replica)
+            known = self.hashes(prompt) if prompt else ()
+            self._index.record(prefix_block_hashes(sequence[:-1], self.block_size,
+                                                   self.max_blocks, known), replica)
 
     def forget(self, replica: ReplicaId) -> None:
         """A replica that left the pool (its cache went with it)."""

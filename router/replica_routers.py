@@ -47,6 +47,7 @@ from cluster.engine.messages import EngineRequest
 from router import pool_view
 from router.decode_prefixes import DecodeCacheLink
 from router.replica_choice import (
+    ChainMemo,
     DecodeCacheBelief,
     DecodePolicy,
     PendingTally,
@@ -54,7 +55,6 @@ from router.replica_choice import (
     PrefixIndex,
     ReplicaLoad,
     load_from_stats,
-    prefix_block_hashes,
     rank_decode,
     rank_prefill,
     reported_at_of,
@@ -232,11 +232,13 @@ class PrefillRequestRouter(_EngineRouter):
         config = PrefillRoutingConfig.model_validate(routing)
         self.policy = PrefillPolicy.from_config(config, block_size)
         self._index = PrefixIndex(self.policy.index_capacity)
+        # a prompt is hashed to rank the replicas, then again to record where it went
+        self._chains = ChainMemo(size=16)
         logger.info("prefill router for %s: %s", self._deployment_id, self.policy)
 
     def _hashes(self, request: EngineRequest) -> tuple[int, ...]:
-        return prefix_block_hashes(request.prompt_token_ids, self.policy.block_size,
-                                   self.policy.max_blocks)
+        return self._chains.chain(request.prompt_token_ids, self.policy.block_size,
+                                  self.policy.max_blocks)
 
     def _rank(self, request: EngineRequest | None, loads: list[ReplicaLoad]) -> tuple[str, ...]:
         if request is None:

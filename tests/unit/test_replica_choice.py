@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from cluster.config import DecodeRoutingConfig, PrefillRoutingConfig, parse_config
 from router.replica_choice import (
+    ChainMemo,
     DecodeCacheBelief,
     DecodePolicy,
     PendingTally,
@@ -317,6 +318,42 @@ def test_the_decode_belief_holds_prompts_routed_and_the_answers_that_finished():
     assert belief.holder(prompt + (9,) * 20) == ("a", 8)
     belief.finished("unknown", (5,) * 40)           # routed elsewhere, or long forgotten
     assert belief.holder((5,) * 40) == (None, 0)
+
+
+@given(tokens, tokens, st.integers(1, 8), st.integers(0, 40))
+def test_a_chain_goes_on_from_its_heads_chain_as_if_hashed_whole(head, tail, block, limit):
+    """A prompt's chain, then the same prompt with its answer: going on from the prompt's
+    chain gives exactly the chain of hashing it all (the decode belief's finished())."""
+    whole = prefix_block_hashes(head + tail, block, limit)
+    assert prefix_block_hashes(head + tail, block, limit,
+                               prefix_block_hashes(head, block, limit)) == whole
+
+
+def test_the_memo_hashes_a_prompt_tuple_once_and_holds_only_the_last_few():
+    memo = ChainMemo(size=2)
+    prompts = [tuple(range(n, n + 64)) for n in range(3)]
+    chain = memo.chain(prompts[0], 16, 64)
+    assert chain == prefix_block_hashes(prompts[0], 16, 64)
+    assert memo.chain(prompts[0], 16, 64) is chain            # the same tuple: kept
+    assert memo.chain(tuple(prompts[0]), 16, 64) is chain     # tuple(t) is t: the same
+    equal = tuple(list(prompts[0]))       # an equal tuple, another object: hashed anew
+    assert equal is not prompts[0] and memo.chain(equal, 16, 64) == chain
+    kept = memo.chain(prompts[1], 16, 64)
+    memo.chain(prompts[2], 16, 64)                            # the oldest goes
+    assert memo.chain(prompts[1], 16, 64) is kept
+    assert memo.chain(prompts[0], 16, 64) is not chain        # hashed again
+    as_list = list(prompts[1])                                # a list may change: hashed
+    assert memo.chain(as_list, 16, 64) == prefix_block_hashes(as_list, 16, 64)
+    as_list[0] = 99
+    assert memo.chain(as_list, 16, 64) == prefix_block_hashes(as_list, 16, 64)
+
+
+def test_a_finished_request_records_its_answer_going_on_from_its_prompts_chain():
+    belief = DecodeCacheBelief(block_size=4, max_blocks=64, capacity=1000)
+    prompt = tuple(range(10))
+    belief.routed("r1", prompt, "a")
+    belief.finished("r1", (*prompt, 50, 51, 52, 53, 54, 55, 56), prompt)
+    assert belief.holder((*prompt, 50, 51, 52, 53, 54, 55, 56, 7)) == ("a", 16)
 
 
 def test_the_decode_belief_forgets_old_requests_and_replicas_that_left():
