@@ -223,7 +223,8 @@ def _start_ray(config: PDServeConfig) -> None:
     # it from here (ray_configs' cluster files export it before `ray start`).
     from cluster.serve_env import node_env
 
-    os.environ.update(node_env(config.router.transport, config.router.ingress))
+    os.environ.update(node_env(config.router.transport, config.router.ingress,
+                               config.router.haproxy))
     ray.init(
         num_cpus=config.ray.num_cpus,
         include_dashboard=False,

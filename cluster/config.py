@@ -600,6 +600,16 @@ class ResponseCacheConfig(StrictModel):
         return self
 
 
+class HAProxyPorts(StrictModel):
+    """HAProxy's own listeners on each node with ``router.ingress: haproxy`` (Ray's
+    ``RAY_SERVE_HAPROXY_STATS_PORT`` and ``_METRICS_PORT``). Ray keeps HAProxy's files
+    apart per node, but not these: two clusters on one host need their own."""
+
+    stats_port: int = Field(8404, ge=1, le=65535, description="HAProxy's stats page")
+    metrics_port: int = Field(9101, ge=1, le=65535,
+                              description="HAProxy's Prometheus exporter")
+
+
 class RouterConfig(StrictModel):
     """The HTTP ingress."""
 
@@ -643,6 +653,7 @@ class RouterConfig(StrictModel):
         "per request and chunk, but HAProxy answers on its own, with no router replica "
         "up, a plain 500. See docs/design.md, 'HAProxy ingress'",
     )
+    haproxy: HAProxyPorts = HAProxyPorts()
     admission: AdmissionConfig = AdmissionConfig()
     auth: AuthConfig = AuthConfig()
     routing: RoutingConfig = RoutingConfig()

@@ -8,6 +8,7 @@ starts a local cluster, and `ray up`'s cluster files export them before `ray sta
 
 from __future__ import annotations
 
+from cluster.config import HAProxyPorts
 from router.proxy_edge import proxy_env
 
 # Serve's gRPC data plane (router.transport "grpc"; the variables of Ray 2.60's
@@ -36,13 +37,18 @@ HAPROXY_INGRESS_ENV = {
 }
 
 
-def node_env(transport: str, ingress: str = "proxy") -> dict[str, str]:
+def node_env(transport: str, ingress: str = "proxy",
+             haproxy: HAProxyPorts | None = None) -> dict[str, str]:
     """The variables a node's processes need: the proxy's middleware always, those of
     Serve's gRPC data plane when ``transport`` (``router.transport``) is "grpc", and
-    HAProxy's direct ingress when ``ingress`` (``router.ingress``) is "haproxy"."""
+    HAProxy's direct ingress when ``ingress`` (``router.ingress``) is "haproxy", with
+    HAProxy's own ports (``router.haproxy``; Ray's defaults when None)."""
     env = proxy_env()
     if transport == "grpc":
         env.update(GRPC_DATA_PLANE_ENV)
     if ingress == "haproxy":
         env.update(HAPROXY_INGRESS_ENV)
+        ports = haproxy or HAProxyPorts()
+        env["RAY_SERVE_HAPROXY_STATS_PORT"] = str(ports.stats_port)
+        env["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(ports.metrics_port)
     return env

@@ -194,7 +194,8 @@ def test_cloud_file_installs_pdserve_and_exports_metrics(
         # Serve's processes on every node start with what prod-70b.yaml's Serve settings
         # need: the proxy's middleware that makes its answers OpenAI errors
         # (router/proxy_edge.py) and the gRPC data plane of its router.transport
-        for name, value in node_env(prod.router.transport, prod.router.ingress).items():
+        for name, value in node_env(prod.router.transport, prod.router.ingress,
+                                    prod.router.haproxy).items():
             assert f"export {name}={value};" in start, name
 
 

@@ -41,7 +41,8 @@ FAKE_CLUSTER_ENV = {
     "RAY_FAKE_CLUSTER": "1",                                   # the fake provider's switch
     "AUTOSCALER_UPDATE_INTERVAL_S": "1",                       # Ray autoscaler's loop
     "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1",  # replicas' load reports
-    **node_env(CONFIG.router.transport, CONFIG.router.ingress),  # as the cluster files set it
+    **node_env(CONFIG.router.transport, CONFIG.router.ingress,  # as the cluster files set it
+               CONFIG.router.haproxy),
 }
 STATE_SCRIPT = """
 import json, ray

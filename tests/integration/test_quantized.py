@@ -116,6 +116,9 @@ def test_clients_reach_the_router_through_haproxy_not_serves_python_proxy(quanti
     url, _, document, _ = quantized
     port = int(url.rsplit(":", 1)[1])
     assert _listener_of(port) == "haproxy"  # Serve's proxy actor runs, but not on the port
+    # and its own listeners where the config put them, not on Ray's defaults
+    ports = document["router"]["haproxy"]
+    assert _listener_of(ports["stats_port"]) == _listener_of(ports["metrics_port"]) == "haproxy"
     unknown = generate(url, "completion", "no-such-model", "hello", stream=False,
                        max_tokens=4)
     assert unknown.status == 404

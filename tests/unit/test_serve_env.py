@@ -61,9 +61,22 @@ def test_serves_python_proxy_is_the_default_ingress():
 
 def test_haproxy_ingress_turns_on_rays_direct_ingress_beside_the_data_plane():
     env = node_env("grpc", "haproxy")
-    assert env == {**proxy_env(), **GRPC_DATA_PLANE_ENV, **HAPROXY_INGRESS_ENV}
+    assert env == {**proxy_env(), **GRPC_DATA_PLANE_ENV, **HAPROXY_INGRESS_ENV,
+                   "RAY_SERVE_HAPROXY_STATS_PORT": "8404",      # Ray's own defaults
+                   "RAY_SERVE_HAPROXY_METRICS_PORT": "9101"}
     assert env["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
     assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+
+
+def test_a_clusters_haproxy_ports_are_its_own():
+    """Ray keeps HAProxy's files apart per node, not its stats and metrics listeners: a
+    second cluster on the host sets its own (router.haproxy)."""
+    config = parse_config({"model": {"name": "m", "path": "/m"}, "router": {
+        "ingress": "haproxy", "haproxy": {"stats_port": 8544, "metrics_port": 8545}}})
+    env = node_env("grpc", config.router.ingress, config.router.haproxy)
+    assert env["RAY_SERVE_HAPROXY_STATS_PORT"] == "8544"
+    assert env["RAY_SERVE_HAPROXY_METRICS_PORT"] == "8545"
+    assert "RAY_SERVE_HAPROXY_STATS_PORT" not in node_env("grpc", "proxy", config.router.haproxy)
 
 
 def test_an_unknown_ingress_is_refused_by_the_config():
