@@ -89,8 +89,9 @@ class ChainMemo:
 
     def __init__(self, size: int = 64):
         self._size = size
-        self._chains: OrderedDict[int, tuple[Sequence[int], tuple[BlockHash, ...]]] = \
-            OrderedDict()
+        # (id of the tuple, block size, blocks) -> (the tuple, its chain)
+        self._chains: OrderedDict[tuple[int, int, int],
+                                  tuple[Sequence[int], tuple[BlockHash, ...]]] = OrderedDict()
 
     def chain(self, token_ids: Sequence[int], block_size: int,
               max_blocks: int) -> tuple[BlockHash, ...]:
@@ -98,12 +99,13 @@ class ChainMemo:
         tuple (a list is hashed every time: it may change)."""
         if not isinstance(token_ids, tuple):
             return prefix_block_hashes(token_ids, block_size, max_blocks)
-        kept = self._chains.get(id(token_ids))
+        key = (id(token_ids), block_size, max_blocks)
+        kept = self._chains.get(key)
         if kept is not None and kept[0] is token_ids:
-            self._chains.move_to_end(id(token_ids))
+            self._chains.move_to_end(key)
             return kept[1]
         chain = prefix_block_hashes(token_ids, block_size, max_blocks)
-        self._chains[id(token_ids)] = (token_ids, chain)
+        self._chains[key] = (token_ids, chain)
         while len(self._chains) > self._size:
             self._chains.popitem(last=False)
         return chain

@@ -330,12 +330,14 @@ def test_a_chain_goes_on_from_its_heads_chain_as_if_hashed_whole(head, tail, blo
 
 
 def test_the_memo_hashes_a_prompt_tuple_once_and_holds_only_the_last_few():
-    memo = ChainMemo(size=2)
+    memo = ChainMemo(size=4)
     prompts = [tuple(range(n, n + 64)) for n in range(3)]
     chain = memo.chain(prompts[0], 16, 64)
     assert chain == prefix_block_hashes(prompts[0], 16, 64)
     assert memo.chain(prompts[0], 16, 64) is chain            # the same tuple: kept
     assert memo.chain(tuple(prompts[0]), 16, 64) is chain     # tuple(t) is t: the same
+    assert memo.chain(prompts[0], 16, 2) == chain[:2]         # another length: its own
+    assert memo.chain(prompts[0], 8, 64) == prefix_block_hashes(prompts[0], 8, 64)
     equal = tuple(list(prompts[0]))       # an equal tuple, another object: hashed anew
     assert equal is not prompts[0] and memo.chain(equal, 16, 64) == chain
     kept = memo.chain(prompts[1], 16, 64)
