@@ -261,5 +261,9 @@ def _size(args) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "plan.json").write_text(json.dumps(answer, indent=2))
         (args.out / "pdserve.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
-        print(f"wrote {args.out / 'plan.json'} and {args.out / 'pdserve.yaml'}")
+        from cluster.planner.plots import plan_plot
+
+        plan_plot(args.out / "plan.png", plan, args.peak_to_mean)
+        print(f"wrote {args.out / 'plan.json'}, {args.out / 'pdserve.yaml'} and "
+              f"{args.out / 'plan.png'}")
     return 0

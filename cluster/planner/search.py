@@ -196,16 +196,20 @@ class Plan:
         return ((prefill * self.inputs.prefill_cost.accelerator.price_per_hour)
                 + decode * self.inputs.decode_cost.accelerator.price_per_hour)
 
+    def gpus_by_hour(self, peak_to_mean: float,
+                     night_share: float = 0.05) -> list[tuple[int, int]]:
+        """Each hour's GPUs of each pool (prefill, decode), scaled to that hour's rate (the
+        autoscalers' targets are per replica, so replicas follow the rate), at least one
+        replica each."""
+        return [(max(1, math.ceil(self.prediction.prefill_replicas * share))
+                 * self.inputs.prefill_cost.tp,
+                 max(1, math.ceil(self.prediction.decode_replicas * share))
+                 * self.inputs.decode_cost.tp)
+                for share in diurnal_shape(peak_to_mean, night_share)]
+
     def gpu_hours_per_day(self, peak_to_mean: float, night_share: float = 0.05) -> float:
-        """GPU-hours a day with each pool scaled to each hour's rate (the autoscalers'
-        targets are per replica, so replicas follow the rate), at least one replica."""
-        hours = 0.0
-        for share in diurnal_shape(peak_to_mean, night_share):
-            hours += (max(1, math.ceil(self.prediction.prefill_replicas * share))
-                      * self.inputs.prefill_cost.tp
-                      + max(1, math.ceil(self.prediction.decode_replicas * share))
-                      * self.inputs.decode_cost.tp)
-        return hours
+        """GPU-hours a day with each pool scaled to each hour's rate (``gpus_by_hour``)."""
+        return sum(map(sum, self.gpus_by_hour(peak_to_mean, night_share)))
 
 
 def search(inputs: PlanInputs, growth: float = 1.08, max_steps: int = 40) -> Plan:

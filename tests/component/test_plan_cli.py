@@ -28,6 +28,7 @@ def test_a_plan_is_printed_and_written_as_figures_and_a_loadable_config(tmp_path
     assert answer["gpus"] == answer["prefill"]["gpus"] + answer["decode"]["gpus"]
     config = load_config(tmp_path / "pdserve.yaml")
     assert config.prefill.replicas == answer["prefill"]["replicas"]
+    assert (tmp_path / "plan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert config.decode.tensor_parallel_size == answer["decode"]["tp"] == 4
 
 

@@ -194,6 +194,10 @@ def test_the_search_finds_a_cluster_that_meets_the_slos_and_none_smaller_does():
     answer = figures(plan, peak_to_mean=6)
     assert answer["gpus"] == plan.prediction.prefill_replicas + plan.prediction.decode_replicas
     assert 0 < answer["gpu_hours_per_day"] < answer["gpu_hours_per_day_at_peak_size"]
+    by_hour = plan.gpus_by_hour(peak_to_mean=6)
+    assert len(by_hour) == 24 and by_hour[0] == plan.gpus     # the peak hour: the plan
+    assert all(1 <= p <= by_hour[0][0] and 1 <= d <= by_hour[0][1] for p, d in by_hour)
+    assert sum(map(sum, by_hour)) == answer["gpu_hours_per_day"]
     # the last candidate tried smaller than the answer, in either pool, missed
     smaller = [p for p in plan.tried if p.prefill_replicas <= plan.prediction.prefill_replicas
                and p.decode_replicas <= plan.prediction.decode_replicas and p != plan.prediction]
