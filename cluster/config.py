@@ -793,6 +793,22 @@ class PDServeConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _listeners_apart(self) -> PDServeConfig:
+        # On one node every listener needs a port of its own: a clash is a process that
+        # cannot start (HAProxy's stats page on the metrics port, say), found only then.
+        ports = {"router.port": self.router.port,
+                 "ray.metrics_export_port": self.ray.metrics_export_port}
+        if self.router.ingress == "haproxy":
+            ports["router.haproxy.stats_port"] = self.router.haproxy.stats_port
+            ports["router.haproxy.metrics_port"] = self.router.haproxy.metrics_port
+        taken: dict[int, str] = {}
+        for name, port in ports.items():
+            if port is not None and port in taken:
+                raise ValueError(f"{name} ({port}) is also {taken[port]}")
+            taken[port] = name
+        return self
+
+    @model_validator(mode="after")
     def _speculation_on_decode_pools_only(self) -> PDServeConfig:
         # A prefill engine makes one token per request: there is nothing to speculate on.
         for version in self.versions:

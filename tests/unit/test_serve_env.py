@@ -82,3 +82,17 @@ def test_a_clusters_haproxy_ports_are_its_own():
 def test_an_unknown_ingress_is_refused_by_the_config():
     with pytest.raises(ValueError, match="ingress"):
         parse_config({"model": {"name": "m", "path": "/m"}, "router": {"ingress": "nginx"}})
+
+
+def test_a_haproxy_port_that_clashes_with_another_listener_is_refused():
+    base = {"model": {"name": "m", "path": "/m"}}
+    for router, ray, clash in (
+            ({"ingress": "haproxy", "haproxy": {"stats_port": 8000}}, {}, "router.port"),
+            ({"ingress": "haproxy", "haproxy": {"metrics_port": 8404}}, {},
+             "router.haproxy.stats_port"),
+            ({"ingress": "haproxy"}, {"metrics_export_port": 9101},
+             "ray.metrics_export_port")):
+        with pytest.raises(ValueError, match=clash):
+            parse_config({**base, "router": router, "ray": ray})
+    # with Serve's proxy, HAProxy's ports are not listened on: no clash
+    parse_config({**base, "router": {"haproxy": {"stats_port": 8000}}})
