@@ -131,7 +131,8 @@ def _workload_args(parser: argparse.ArgumentParser) -> None:
                              "holds: router.routing.decode.cache_aware_path)")
     parser.add_argument("--think-s", type=float, default=WorkloadSpec.think_s,
                         help="mean pause (exponential) between an answer and the next turn")
-    parser.add_argument("--shared-prefix-tokens", type=int, default=0,
+    parser.add_argument("--shared-prefix-tokens", type=int,
+                        default=WorkloadSpec.shared_prefix_tokens,
                         help="start every prompt with a shared head (a system prompt) of "
                              "about this many tokens (what prefix caches reuse); 0: none")
     parser.add_argument("--prefix-groups", type=int, default=WorkloadSpec.prefix_groups,
