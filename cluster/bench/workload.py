@@ -98,6 +98,7 @@ class PlannedRequest:
     follows: int | None = None
     think_s: float = 0.0
     turn: int = 1
+    prefix_group: int = -1  # which shared head it starts with (-1: none)
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ def arrival_times(spec: WorkloadSpec, rng: random.Random) -> list[float]:
     return times
 
 
-def _lognormal_with_mean(rng: random.Random, mean: float, sigma: float) -> float:
+def lognormal_with_mean(rng: random.Random, mean: float, sigma: float) -> float:
     # E[lognormal(mu, sigma)] = exp(mu + sigma^2 / 2)
     return rng.lognormvariate(math.log(mean) - sigma**2 / 2, sigma)
 
@@ -150,9 +151,9 @@ def request_lengths(spec: WorkloadSpec, rng: random.Random) -> tuple[int, int, s
     if spec.name == "interference":
         if rng.random() < spec.long_fraction:
             return rng.randint(4096, MAX_PROMPT_TOKENS), rng.randint(8, 32), "long"
-        return round(_lognormal_with_mean(rng, 200, 0.5)), rng.randint(48, 96), "short"
-    prompt = min(round(_lognormal_with_mean(rng, 500, 1.0)), MAX_PROMPT_TOKENS)
-    output = round(_lognormal_with_mean(rng, 300, 0.6))
+        return round(lognormal_with_mean(rng, 200, 0.5)), rng.randint(48, 96), "short"
+    prompt = min(round(lognormal_with_mean(rng, 500, 1.0)), MAX_PROMPT_TOKENS)
+    output = round(lognormal_with_mean(rng, 300, 0.6))
     return prompt, output, "long" if prompt >= LONG_PROMPT_TOKENS else "short"
 
 
@@ -212,19 +213,19 @@ def _first_turns(spec: WorkloadSpec, count_tokens: Callable[[str], int]) -> list
             earlier = repeats.choice(requests)
             requests.append(PlannedRequest(index, send_at, earlier.prompt,
                                            earlier.prompt_tokens, earlier.max_tokens,
-                                           earlier.kind))
+                                           earlier.kind, prefix_group=earlier.prefix_group))
             continue
         prompt_tokens, output_tokens, kind = request_lengths(spec, rng)
         prompt_tokens = max(8, round(prompt_tokens * spec.scale))
         output_tokens = max(1, round(output_tokens * spec.scale))
         output_tokens = min(output_tokens, spec.max_model_len - prompt_tokens - 16)
-        prompt = build_prompt(index, prompt_tokens, rng, count_tokens,
-                              groups.choice(prefixes))
+        group = groups.randrange(len(prefixes))
+        prompt = build_prompt(index, prompt_tokens, rng, count_tokens, prefixes[group])
         # The distinct head can make a very short target longer: record the real length.
         real_length = count_tokens(prompt)
-        requests.append(
-            PlannedRequest(index, send_at, prompt, real_length, output_tokens, kind)
-        )
+        requests.append(PlannedRequest(
+            index, send_at, prompt, real_length, output_tokens, kind,
+            prefix_group=group if spec.shared_prefix_tokens else -1))
     return requests
 
 
@@ -243,7 +244,7 @@ def _later_turns(spec: WorkloadSpec, first: list[PlannedRequest],
             if previous is None:
                 continue
             index = len(first) + len(later)
-            message = "\n" + build_prompt(index, max(4, round(_lognormal_with_mean(
+            message = "\n" + build_prompt(index, max(4, round(lognormal_with_mean(
                 rng, spec.message_tokens, 0.5) * spec.scale)), rng, count_tokens)
             history = previous.prompt_tokens + previous.max_tokens + count_tokens(message)
             output_tokens = max(1, round(request_lengths(spec, rng)[1] * spec.scale))
@@ -254,6 +255,7 @@ def _later_turns(spec: WorkloadSpec, first: list[PlannedRequest],
             latest[conversation] = PlannedRequest(
                 index, 0.0, message, history, output_tokens,
                 "long" if history >= LONG_PROMPT_TOKENS else "short",
-                follows=previous.index, think_s=think_s, turn=turn)
+                follows=previous.index, think_s=think_s, turn=turn,
+                prefix_group=previous.prefix_group)
             later.append(latest[conversation])
     return later

@@ -10,12 +10,24 @@ at most, as the replicas' reports are, and run on engines that schedule like vLL
 - at most ``max_num_seqs`` sequences run, and a sequence is admitted only when the KV of
   its prompt and its whole answer fits beside the running ones (no preemption: pdserve's
   admission reserves the same);
-- a step's time comes from the step cost model (cluster/planner/cost_model.py).
+- a step's time comes from the step cost model (cluster/planner/cost_model.py);
+- an engine keeps the KV blocks of finished sequences in its prefix cache (vLLM's: kept
+  until their room is needed, least recently used out first), and a sequence it admits
+  computes only the part of its prompt after the longest cached head.
 
 A disaggregated request is prefilled on a prefill replica, its KV moves to a decode
-replica (``Transfer``), and its first token comes from that replica's first step with it.
-A decode-local one is prefilled by its decode engine, inside its steps. TTFT is the end of
-the step that made the first token; each later token's gap is its step's time.
+replica (``Transfer``; only the blocks that replica's cache lacks), and its first token
+comes from that replica's first step with it. A decode-local one is prefilled by its
+decode engine, inside its steps. TTFT is the end of the step that made the first token;
+each later token's gap is its step's time.
+
+Prompts are not token lists here but chains of KV-block ids (``block_chain``): two
+requests share a block exactly when they share the whole prefix up to it (a system
+prompt of their group, the earlier turns of their conversation), as the router's block
+hashes do. The router's beliefs about the caches are its own classes (``PrefixIndex``,
+``DecodeCacheBelief``) fed those chains, so affinity and the cache-aware next turn
+(router/disaggregation.py) are pdserve's policies too. A later turn of a conversation
+arrives its think time after the turn before it finished (closed loop).
 """
 
 from __future__ import annotations
@@ -23,16 +35,19 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from cluster.config import DecodeRoutingConfig, PrefillRoutingConfig
 from cluster.planner.model import prefill_pairs
-from router.disaggregation import choose_path
+from router.disaggregation import PathChoice, choose_path_with_cache
 from router.replica_choice import (
+    DecodeCacheBelief,
     DecodePolicy,
     PendingTally,
     PrefillPolicy,
+    PrefixIndex,
     ReplicaLoad,
     rank_decode,
     rank_prefill,
@@ -46,8 +61,38 @@ class SimRequest:
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
-    cached_tokens: int = 0      # of the prompt, in the prefix cache of the engine that
-    #                             prefills it (a shared system prompt, an earlier turn)
+    cached_tokens: int = 0      # of the prompt, in the prefix cache of whichever engine
+    #                             prefills it (a hit rate assumed, not simulated)
+    # Whom it shares KV blocks with (``block_chain``): its first ``group_tokens`` tokens
+    # with the other requests of ``group`` (a system prompt), the rest with the other
+    # turns of ``conversation``; -1: nobody.
+    group: int = -1
+    group_tokens: int = 0
+    conversation: int = -1
+    # A later turn: it arrives ``think_s`` after request ``follows`` (an index into the
+    # same list) finished; its ``arrival_s`` is not used.
+    follows: int | None = None
+    think_s: float = 0.0
+
+
+def block_chain(request: SimRequest, tokens: int, block_size: int) -> tuple[int, ...]:
+    """Ids of the full KV blocks of the first ``tokens`` tokens of ``request``'s sequence
+    (its prompt, then its answer). Each id names the whole prefix up to its block, as the
+    router's block hashes do: a block of the group's head has the group's id at that
+    place (``group * 2**24 + place``, not negative), a later one the conversation's (its
+    negative counterpart). Empty for a request that shares nothing."""
+    shared = request.group_tokens // block_size if request.group >= 0 else 0
+    blocks = tokens // block_size
+    if request.conversation < 0:
+        blocks = min(blocks, shared)
+    head = min(shared, blocks)
+    group_base = request.group * _PLACES
+    talk_base = -1 - request.conversation * _PLACES
+    return (tuple(range(group_base, group_base + head))
+            + tuple(range(talk_base - head, talk_base - blocks, -1)))
+
+
+_PLACES = 2**24      # blocks a sequence may have: 2**28 tokens in blocks of 16
 
 
 @dataclass(frozen=True)
@@ -68,6 +113,10 @@ class ClusterSpec:
     decode_limits: EngineLimits = EngineLimits()
     threshold_tokens: int = 0                   # router.disaggregation_threshold_tokens
     report_interval_s: float = 1.0              # replicas' load reports (0: always fresh)
+    block_size: int = 16                        # engine.block_size
+    # router.routing.{prefill,decode} (None: the config's defaults)
+    prefill_routing: PrefillRoutingConfig | None = None
+    decode_routing: DecodeRoutingConfig | None = None
 
 
 @dataclass
@@ -90,10 +139,15 @@ class SimResult:
     # (step end, step seconds, sequences that got a token in it): the inter-token gaps
     token_gaps: list[tuple[float, float, int]]
     busy_s: dict[str, float]                    # pool -> engine-seconds busy until the
-    #                                             last arrival
+    #                                             last first-turn arrival
     last_arrival_s: float
     decode_concurrency_integral: float          # ∫ sequences in decode engines dt
     horizon_s: float
+    arrivals: list[float] = field(default_factory=list)   # each request's, as it came
+    # Prompt tokens per pool: computed by its engines, found in their prefix caches, and
+    # (decode) pulled from the prefill pool; the engines' counters of `pdserve bench`
+    # (cluster/bench/engine_work.py)
+    prompt_tokens: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def finished(self) -> list[Outcome]:
         return [o for o in self.outcomes if o.e2e_s is not None]
@@ -110,6 +164,35 @@ class _Seq:
     computed: int = 0          # prompt tokens whose KV exists here
     generated: int = 0
     admitted_s: float = 0.0
+    chain: tuple[int, ...] = ()  # its prompt's full blocks (block_chain)
+
+
+class _PrefixCache:
+    """An engine's prefix cache: the ids of blocks it holds, least recently used first.
+    The blocks of running sequences are not counted in it; ``trim`` keeps it within the
+    room they leave."""
+
+    def __init__(self) -> None:
+        self.blocks: OrderedDict[int, None] = OrderedDict()
+
+    def hit(self, chain: tuple[int, ...]) -> int:
+        """How many leading blocks of ``chain`` it holds (those are used again: fresh)."""
+        held = 0
+        for block in chain:
+            if block not in self.blocks:
+                break
+            self.blocks.move_to_end(block)
+            held += 1
+        return held
+
+    def keep(self, chain: tuple[int, ...]) -> None:
+        for block in chain:
+            self.blocks[block] = None
+            self.blocks.move_to_end(block)
+
+    def trim(self, room_blocks: int) -> None:
+        while len(self.blocks) > max(0, room_blocks):
+            self.blocks.popitem(last=False)
 
 
 @dataclass
@@ -122,6 +205,11 @@ class _Engine:
     running: list = field(default_factory=list)      # _Seq admitted (prefilling or decoding)
     reserved: int = 0                                 # KV tokens reserved by running
     busy_s: float = 0.0
+    cache: _PrefixCache = field(default_factory=_PrefixCache)
+    block_size: int = 16
+    # prompt tokens taken in, by where their KV came from (engine_work's sources)
+    prompt_tokens: dict = field(default_factory=lambda: dict.fromkeys(
+        ("computed", "cached", "transferred"), 0))
 
     def queued_prompt_tokens(self) -> int:
         return (sum(s.prompt - s.computed for s in self.waiting)
@@ -136,6 +224,19 @@ class _Engine:
             seq.admitted_s = now
             self.reserved += need
             self.running.append(seq)
+            self._look_up(seq)
+        self.cache.trim(self.limits.kv_capacity_tokens // self.block_size
+                        - -(-self.reserved // self.block_size))
+
+    def _look_up(self, seq: _Seq) -> None:
+        """A sequence that still has its prompt to compute starts after its cached head
+        (the engine computes at least the last prompt token)."""
+        if seq.computed >= seq.prompt:
+            return
+        held = min(self.cache.hit(seq.chain) * self.block_size, seq.prompt - 1)
+        seq.computed = max(seq.computed, held)
+        self.prompt_tokens["cached"] += seq.computed
+        self.prompt_tokens["computed"] += seq.prompt - seq.computed
 
     def plan_step(self, decoding: bool) -> tuple[list, list, int, float, int]:
         """(sequences decoding, (seq, chunk) prefilling, new tokens, pairs, context)."""
@@ -169,10 +270,17 @@ class Simulation:
         self.now = 0.0
         self._events: list = []
         self._order = itertools.count()
-        self.prefill = [_Engine(f"p{i}", spec.prefill_limits, spec.prefill_step)
+        self.prefill = [_Engine(f"p{i}", spec.prefill_limits, spec.prefill_step,
+                                block_size=spec.block_size)
                         for i in range(spec.prefill_replicas)]
-        self.decode = [_Engine(f"d{i}", spec.decode_limits, spec.decode_step)
+        self.decode = [_Engine(f"d{i}", spec.decode_limits, spec.decode_step,
+                               block_size=spec.block_size)
                        for i in range(spec.decode_replicas)]
+        self.arrivals = [r.arrival_s for r in self.requests]
+        self._followers: dict[int, list[int]] = {}
+        for index, request in enumerate(self.requests):
+            if request.follows is not None:
+                self._followers.setdefault(request.follows, []).append(index)
         self.outcomes = [Outcome("") for _ in self.requests]
         self.gaps: list[tuple[float, float, int]] = []
         self._decode_seqs = 0
@@ -181,13 +289,21 @@ class Simulation:
         self._snapshot: dict[str, ReplicaLoad] = {}
         self._snapshot_at = float("-inf")
         self._tally = PendingTally()     # the router's own: sends since the last report
-        self._last_arrival = max((r.arrival_s for r in self.requests), default=0.0)
-        self._prefill_policy = PrefillPolicy(block_size=16, max_blocks=0,
-                                             max_imbalance_tokens=0, index_capacity=1,
-                                             stale_after_s=float("inf"))
-        self._decode_policy = DecodePolicy(kv_weight=1.0, kv_high_water=0.95,
-                                           default_max_num_seqs=spec.decode_limits.max_num_seqs,
-                                           stale_after_s=float("inf"))
+        self._last_arrival = max((r.arrival_s for r in self.requests
+                                  if r.follows is None), default=0.0)
+        # The router's policies as configured; a load report is never too old to trust
+        # here (no replica dies)
+        prefill_routing = spec.prefill_routing or PrefillRoutingConfig()
+        decode_routing = spec.decode_routing or DecodeRoutingConfig()
+        self._prefill_policy = replace(PrefillPolicy.from_config(
+            prefill_routing, spec.block_size), stale_after_s=float("inf"))
+        self._decode_policy = replace(DecodePolicy.from_config(
+            decode_routing, spec.decode_limits.max_num_seqs, spec.block_size),
+            stale_after_s=float("inf"))
+        self._prefill_index = PrefixIndex(self._prefill_policy.index_capacity)
+        self._cache_aware = decode_routing.cache_aware_path
+        self._belief = DecodeCacheBelief(spec.block_size, self._decode_policy.max_blocks,
+                                         self._decode_policy.index_capacity)
 
     # -- the event loop ----------------------------------------------------------------
 
@@ -196,7 +312,8 @@ class Simulation:
 
     def run(self) -> SimResult:
         for index, request in enumerate(self.requests):
-            self._at(request.arrival_s, lambda i=index: self._arrive(i))
+            if request.follows is None:
+                self._at(request.arrival_s, lambda i=index: self._arrive(i))
         while self._events:
             self.now, _, action = heapq.heappop(self._events)
             action()
@@ -205,7 +322,8 @@ class Simulation:
                          {"prefill": sum(e.busy_s for e in self.prefill),
                           "decode": sum(e.busy_s for e in self.decode)},
                          self._last_arrival,
-                         self._concurrency, self.now)
+                         self._concurrency, self.now, self.arrivals,
+                         {"prefill": _summed(self.prefill), "decode": _summed(self.decode)})
 
     # -- routing: pdserve's policies on load snapshots ---------------------------------
 
@@ -233,42 +351,68 @@ class Simulation:
     def _sent(self, engine: _Engine, key: str, tokens: int) -> None:
         self._tally.add(key, engine.name, tokens, self.now)
 
-    def _pick_prefill(self, prompt: int) -> _Engine:
-        ranking = rank_prefill(prompt, {}, self._loads(self.prefill), self._prefill_policy,
+    def _pick_prefill(self, seq: _Seq) -> _Engine:
+        """The prefill router: its ranking, then its record of where the prefix went."""
+        chain = seq.chain[:self._prefill_policy.max_blocks]
+        ranking = rank_prefill(seq.prompt, self._prefill_index.match(chain),
+                               self._loads(self.prefill), self._prefill_policy,
                                self.rng).ranking
+        self._prefill_index.record(chain, ranking[0])
         return next(e for e in self.prefill if e.name == ranking[0])
 
-    def _pick_decode(self) -> _Engine:
-        ranking = rank_decode(self._loads(self.decode), self._decode_policy, self.rng)
+    def _pick_decode(self, seq: _Seq, pinned: str | None = None) -> _Engine:
+        """The decode router: its ranking (prefix affinity, the pinned holder), then its
+        belief that the replica holds the prompt."""
+        matched = {}
+        if self._decode_policy.affinity_slots > 0:
+            matched = self._belief.match_chain(seq.chain)
+        ranking = rank_decode(self._loads(self.decode), self._decode_policy, self.rng,
+                              matched, seq.prompt, pinned=pinned)
+        self._belief.routed_chain(f"decode-{seq.index}", seq.chain, ranking[0])
         return next(e for e in self.decode if e.name == ranking[0])
 
     # -- requests ------------------------------------------------------------------------
 
     def _arrive(self, index: int) -> None:
         request = self.requests[index]
-        path = choose_path(request.prompt_tokens, self.spec.threshold_tokens)
-        if not self.prefill:
-            path = "decode_local"
-        self.outcomes[index].path = path
+        self.arrivals[index] = self.now
         cached = min(request.cached_tokens, request.prompt_tokens - 1)  # it computes the last
-        seq = _Seq(index, request.prompt_tokens, request.output_tokens, computed=cached)
-        if path == "decode_local":
-            self._to_decode(seq)
+        seq = _Seq(index, request.prompt_tokens, request.output_tokens, computed=cached,
+                   chain=block_chain(request, request.prompt_tokens, self.spec.block_size))
+        choice = self._path(seq)
+        self.outcomes[index].path = choice.route
+        if choice.route == "decode_local":
+            self._to_decode(seq, self._pick_decode(seq, choice.decode_replica))
             return
-        engine = self._pick_prefill(request.prompt_tokens)
+        engine = self._pick_prefill(seq)
         self._sent(engine, f"prefill-{index}", request.prompt_tokens - cached)
         engine.waiting.append(seq)
         self._kick(engine, decoding=False)
 
-    def _prefilled(self, seq: _Seq) -> None:
-        outcome = self.outcomes[seq.index]
-        outcome.prefill_done_s = self.now - self.requests[seq.index].arrival_s
-        moved = _Seq(seq.index, seq.prompt, seq.output, computed=seq.prompt)
-        self._at(self.now + self.spec.transfer_s(seq.prompt), lambda: self._to_decode(moved))
+    def _path(self, seq: _Seq) -> PathChoice:
+        """The router's path choice (router/engine_client.py ``route``)."""
+        if not self.prefill:
+            return PathChoice("decode_local")
+        threshold = self.spec.threshold_tokens
+        holder, held = None, 0
+        if self._cache_aware and seq.chain and seq.prompt >= threshold > 0:
+            holder, held = self._belief.holder_of_chain(seq.chain, seq.prompt)
+        return choose_path_with_cache(seq.prompt, threshold, holder, held)
 
-    def _to_decode(self, seq: _Seq) -> None:
-        self.outcomes[seq.index].ready_s = self.now - self.requests[seq.index].arrival_s
-        engine = self._pick_decode()
+    def _prefilled(self, seq: _Seq) -> None:
+        """Its decode replica is chosen, which pulls the blocks its cache lacks."""
+        outcome = self.outcomes[seq.index]
+        outcome.prefill_done_s = self.now - self.arrivals[seq.index]
+        moved = _Seq(seq.index, seq.prompt, seq.output, computed=seq.prompt, chain=seq.chain)
+        engine = self._pick_decode(moved)
+        held = engine.cache.hit(moved.chain) * self.spec.block_size
+        engine.prompt_tokens["cached"] += held
+        engine.prompt_tokens["transferred"] += seq.prompt - held
+        self._at(self.now + self.spec.transfer_s(seq.prompt - held),
+                 lambda: self._to_decode(moved, engine))
+
+    def _to_decode(self, seq: _Seq, engine: _Engine) -> None:
+        self.outcomes[seq.index].ready_s = self.now - self.arrivals[seq.index]
         self._sent(engine, f"decode-{seq.index}", seq.prompt - seq.computed)
         engine.waiting.append(seq)
         self._kick(engine, decoding=True)
@@ -310,7 +454,7 @@ class Simulation:
         for seq in decoders:
             seq.generated += 1
             outcome = self.outcomes[seq.index]
-            since = self.now - self.requests[seq.index].arrival_s
+            since = self.now - self.arrivals[seq.index]
             if seq.generated == 1:
                 outcome.ttft_s = since
             if seq.generated >= seq.output:
@@ -320,14 +464,34 @@ class Simulation:
         for seq in done:
             engine.running.remove(seq)
             engine.reserved -= (seq.prompt + seq.output) if decoding else seq.prompt
-            if not decoding:
+            if decoding:
+                self._answered(engine, seq)
+            else:
+                engine.cache.keep(seq.chain)
                 self._prefilled(seq)
         if decoding:
             self._count_decode(-sum(1 for s in done))
         self._kick(engine, decoding)
+
+    def _answered(self, engine: _Engine, seq: _Seq) -> None:
+        """Its engine caches the prompt and answer (less the last token, never fed back),
+        the router's belief records them, and the conversation's next turn is due."""
+        request = self.requests[seq.index]
+        if seq.chain:
+            whole = block_chain(request, seq.prompt + seq.output - 1, self.spec.block_size)
+            engine.cache.keep(whole)
+            self._belief.finished_chain(f"decode-{seq.index}", whole)
+        for later in self._followers.get(seq.index, ()):
+            self._at(self.now + self.requests[later].think_s,
+                     lambda i=later: self._arrive(i))
 
     def _count_decode(self, change: int) -> None:
         """Sequences held by decode engines over time (Little's law's L)."""
         self._concurrency += self._decode_seqs * (self.now - self._last_change)
         self._last_change = self.now
         self._decode_seqs += change
+
+
+def _summed(engines: list[_Engine]) -> dict[str, int]:
+    return {source: sum(e.prompt_tokens[source] for e in engines)
+            for source in ("computed", "cached", "transferred")}

@@ -102,19 +102,40 @@ def predict(inputs: PlanInputs, prefill_replicas: int, decode_replicas: int) -> 
     """Simulate the slice of this cluster and read its percentiles after the warm-up."""
     sim_p, sim_d, share = slice_of(prefill_replicas, decode_replicas, inputs.slice_replicas)
     rate = inputs.engine_rate * share
+    ramp = conversation_ramp_s(inputs)
     spec = replace(inputs.workload, rate=rate,
-                   num_requests=max(1, round(rate * inputs.sim_seconds)))
+                   num_requests=max(1, round(rate * (inputs.sim_seconds + ramp))))
     result = Simulation(cluster_spec(inputs, sim_p, sim_d),
                         requests(spec, inputs.prefix_hit), random.Random(spec.seed)).run()
-    return _read(result, inputs, prefill_replicas, decode_replicas, (sim_p, sim_d))
+    # With conversations, read until the last first turn: later turns after it come
+    # without the first turns of their time, a load falling off
+    end = result.last_arrival_s if ramp else math.inf
+    return _read(result, inputs, prefill_replicas, decode_replicas, (sim_p, sim_d),
+                 (inputs.warmup_s + ramp, end))
+
+
+def conversation_ramp_s(inputs: PlanInputs) -> float:
+    """How long conversations take to reach their steady mix of turns: only first turns
+    arrive at first, each later turn a think time and an answer after the one before.
+    The simulation runs that much longer and is read only after it (0: single turns)."""
+    workload = inputs.workload
+    if workload.turns <= 1:
+        return 0.0
+    answer_s = mean_lengths(workload)[1] * inputs.slo.itl_p95_s
+    return (workload.turns - 1) * (workload.think_s + answer_s)
 
 
 def _read(result: SimResult, inputs: PlanInputs, prefill_replicas: int,
-          decode_replicas: int, simulated: tuple[int, int]) -> Prediction:
-    measured = [(request, outcome) for request, outcome in zip(
-        result.requests, result.outcomes, strict=True) if request.arrival_s >= inputs.warmup_s]
+          decode_replicas: int, simulated: tuple[int, int],
+          window: tuple[float, float]) -> Prediction:
+    """The percentiles of the requests that arrived in ``window`` (the steady part of the
+    run) and of the steps in it."""
+    start, end = window
+    measured = [(request, outcome) for request, outcome, arrival in zip(
+        result.requests, result.outcomes, result.arrivals, strict=True)
+        if start <= arrival <= end]
     ttfts = sorted(o.ttft_s if o.ttft_s is not None else math.inf for _, o in measured)
-    gaps = [(took, count) for at, took, count in result.token_gaps if at >= inputs.warmup_s]
+    gaps = [(took, count) for at, took, count in result.token_gaps if start <= at <= end]
     span = max(result.last_arrival_s, 1e-9)
     before = sorted(o.ready_s or 0.0 for _, o in measured)
     on_decode = sorted((o.ttft_s if o.ttft_s is not None else math.inf) - (o.ready_s or 0.0)

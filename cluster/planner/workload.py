@@ -1,29 +1,85 @@
 """The traffic a plan is sized for (pure): the benchmark's workloads as lengths only, at
-a rate, and a day's rate curve around its peak."""
+a rate (with their shared heads and conversations), and a day's rate curve around its
+peak."""
 
 from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
-from cluster.bench.workload import WorkloadSpec, arrival_times, request_lengths
+from cluster.bench.workload import (
+    WorkloadSpec,
+    arrival_times,
+    lognormal_with_mean,
+    request_lengths,
+)
 from cluster.planner.des import SimRequest
 
 
 def requests(spec: WorkloadSpec, prefix_hit: float = 0.0) -> list[SimRequest]:
-    """``spec``'s arrivals and lengths (the benchmark's distributions, seeded; no text),
-    each prompt with ``prefix_hit`` of its tokens in the prefix cache of its engine."""
+    """``spec``'s requests as the benchmark plans them (cluster/bench/workload.py ``plan``),
+    lengths only (no text; seeded, not token for token the benchmark's): conversations of
+    ``turns`` whose first turns arrive at ``rate / turns``, every first prompt behind one
+    of ``prefix_groups`` shared heads of ``shared_prefix_tokens`` when that is set, and
+    each later turn the history plus a new message. ``prefix_hit``: a share of every
+    prompt assumed in the prefix cache of its engine, beside what the simulation finds
+    there."""
     if not 0 <= prefix_hit < 1:
         raise ValueError(f"a prefix-cache hit rate is in [0, 1), not {prefix_hit}")
+    conversations = -(-spec.num_requests // spec.turns)
+    first = _first_turns(replace(spec, num_requests=conversations,
+                                 rate=spec.rate / spec.turns), prefix_hit)
+    return first + _later_turns(spec, first, prefix_hit)
+
+
+def _first_turns(spec: WorkloadSpec, prefix_hit: float) -> list[SimRequest]:
     rng = random.Random(spec.seed)
     lengths = random.Random(spec.seed + 1)
+    groups = random.Random(spec.seed + 3)
+    shared = spec.shared_prefix_tokens
     result = []
-    for send_at in arrival_times(spec, rng):
+    for index, send_at in enumerate(arrival_times(spec, rng)):
         prompt, output, _ = request_lengths(spec, lengths)
         prompt = max(8, round(prompt * spec.scale))
+        group = groups.randrange(spec.prefix_groups) if shared else -1
+        if shared:   # the head, then at least the request's own few tokens
+            prompt = max(prompt, shared + 8)
         output = max(1, min(round(output * spec.scale), spec.max_model_len - prompt - 16))
-        result.append(SimRequest(send_at, prompt, output, int(prompt * prefix_hit)))
+        result.append(SimRequest(send_at, prompt, output, int(prompt * prefix_hit),
+                                 group=group, group_tokens=shared if shared else 0,
+                                 conversation=index if spec.turns > 1 else -1))
     return result
+
+
+def _later_turns(spec: WorkloadSpec, first: list[SimRequest],
+                 prefix_hit: float) -> list[SimRequest]:
+    """Turns 2.. until ``num_requests`` in all, as the benchmark's: each a think time after
+    the answer before it; a conversation whose history would not fit the context ends."""
+    rng = random.Random(spec.seed + 4)
+    latest: list[int | None] = list(range(len(first)))
+    result = list(first)
+    for _turn in range(2, spec.turns + 1):
+        for conversation, previous in enumerate(latest):
+            if len(result) >= spec.num_requests:
+                return result[len(first):]
+            if previous is None:
+                continue
+            before = result[previous]
+            message = max(4, round(lognormal_with_mean(rng, spec.message_tokens, 0.5)
+                                   * spec.scale))
+            history = before.prompt_tokens + before.output_tokens + message
+            output = max(1, round(request_lengths(spec, rng)[1] * spec.scale))
+            if history + output + 16 > spec.max_model_len:
+                latest[conversation] = None
+                continue
+            think_s = rng.expovariate(1 / spec.think_s) if spec.think_s else 0.0
+            latest[conversation] = len(result)
+            result.append(replace(before, arrival_s=0.0, prompt_tokens=history,
+                                  output_tokens=output,
+                                  cached_tokens=int(history * prefix_hit),
+                                  follows=previous, think_s=think_s))
+    return result[len(first):]
 
 
 def mean_lengths(spec: WorkloadSpec, samples: int = 20_000) -> tuple[float, float]:
