@@ -9,17 +9,29 @@
    between them is the measurement's own noise);
 3. ``pdserve plan replay``: the first run at the first rate fits the serving layer's two
    constants; every run is then replayed and predicted.
+
+``--set`` changes the served config (``bench variants``' syntax: ``a.b=1,c=2``) and
+``--workload-args`` adds ``pdserve bench run`` workload flags: conversations and shared
+heads, whose prefix-cache work the replay predicts beside the engines' counters:
+
+    .venv/bin/python scripts/plan_validation.py --rates 1,2 --repeats 2 \
+        --set decode.replicas=2,ray.num_cpus=3,router.disaggregation_threshold_tokens=256 \
+        --workload-args "--turns 3 --think-s 1 --shared-prefix-tokens 512 --prefix-groups 4"
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 from cluster import processes
 from cluster.bench.cli import REPO
+from cluster.bench.variants import apply_overrides, parse_variant
 from cluster.checkpoints import ensure_checkpoints
 from cluster.config import load_config
 
@@ -37,7 +49,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "bench-results/plan-validation")
     parser.add_argument("--calibration", type=Path, default=None,
                         help="a calibration file to use (default: calibrate now)")
+    parser.add_argument("--set", default="", help="overrides of --config, a.b=1,c=2")
+    parser.add_argument("--workload-args", default="",
+                        help="more `pdserve bench run` workload flags, quoted")
     args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.set:
+        document = apply_overrides(yaml.safe_load(args.config.read_text()),
+                                   parse_variant(f"served:{args.set}").overrides)
+        args.config = args.out / "config.yaml"
+        args.config.write_text(yaml.safe_dump(document, sort_keys=False))
     config = load_config(args.config)
     ensure_checkpoints(config)
     calibration = args.calibration or args.out / "calibration.json"
@@ -49,7 +70,8 @@ def main() -> None:
     bench_run = ("bench", "run", "--config", str(args.config), "--base-url", base_url,
                  "--model", config.model.name, "--workload", "reference",
                  "--num-requests", str(args.num_requests), "--seed", "0",
-                 "--tokenizer", str(config.model.path), "--no-progress")
+                 "--tokenizer", str(config.model.path), "--no-progress",
+                 *shlex.split(args.workload_args))
     with processes.running(server):
         pdserve(*bench_run, "--rate", first_rate, "--out", str(args.out / "warm-up"))
         for repeat in range(1, args.repeats + 1):

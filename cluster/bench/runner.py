@@ -21,7 +21,8 @@ async def run_workload(
     conversation a think time after the answer before it, with the history before its
     message (closed loop within a conversation); return records and duration."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    records = [RequestRecord(r.index, r.kind, r.prompt_tokens, sent_at=0.0, turn=r.turn)
+    records = [RequestRecord(r.index, r.kind, r.prompt_tokens, sent_at=0.0, turn=r.turn,
+                             follows=r.follows, prefix_group=r.prefix_group)
                for r in requests]
     bar = _progress_bar(len(requests), label) if progress else None
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)

@@ -23,6 +23,8 @@ class RequestRecord:
     token_times: list[float] = field(default_factory=list)
     output_tokens: int = 0
     turn: int = 1                   # its place in its conversation (1: a first message)
+    follows: int | None = None      # the request of the turn before it
+    prefix_group: int = -1          # the shared head it starts with (-1: none)
 
     @property
     def ok(self) -> bool:

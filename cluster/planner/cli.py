@@ -55,6 +55,15 @@ def add_parser(commands) -> None:
     plan.add_argument("--rate", type=float, default=5200.0, help="peak requests/s")
     plan.add_argument("--workload", default="reference", choices=["reference",
                                                                   "interference"])
+    plan.add_argument("--shared-prefix-tokens", type=int, default=0,
+                      help="every first prompt starts with one of --prefix-groups shared "
+                      "heads (system prompts) this long, which the simulated engines' "
+                      "prefix caches hold")
+    plan.add_argument("--prefix-groups", type=int, default=1)
+    plan.add_argument("--turns", type=int, default=1,
+                      help="requests per conversation: each later turn carries the "
+                      "history and arrives --think-s (mean) after the answer before it")
+    plan.add_argument("--think-s", type=float, default=20.0)
     plan.add_argument("--ttft-p95", type=float, default=0.5, help="SLO, seconds")
     plan.add_argument("--itl-p95", type=float, default=0.05, help="SLO, seconds")
     plan.add_argument("--prefill-tp", type=int, default=4)
@@ -131,7 +140,10 @@ def inputs_from(args):
         decode=EngineLimits(args.decode_batched_tokens, args.decode_max_seqs),
         transfer=Transfer(args.prefill_tp * accelerator.link_bandwidth),
         workload=WorkloadSpec(name=args.workload, rate=args.rate, seed=args.seed,
-                              max_model_len=10240),
+                              max_model_len=10240,
+                              shared_prefix_tokens=args.shared_prefix_tokens,
+                              prefix_groups=args.prefix_groups, turns=args.turns,
+                              think_s=args.think_s),
         slo=Slo(args.ttft_p95, args.itl_p95), threshold_tokens=args.threshold,
         sim_seconds=args.sim_seconds, slice_replicas=args.slice_replicas,
         prefix_hit=args.prefix_hit, response_cache_hit=args.response_cache_hit)
@@ -197,18 +209,23 @@ def _replay(args) -> int:
     served = Served(config.prefill.replicas, config.decode.replicas,
                     config.router.disaggregation_threshold_tokens, calibration["prefill"],
                     calibration["decode"], args.transfer_ms / 1000,
-                    *_measured_transfer(args, config))
-    traces = [json.loads(path.read_text())["records"] for path in args.trace]
-    offset, slowdown = fit_offsets(served, traces[0])
+                    *_measured_transfer(args, config), block_size=config.engine.block_size,
+                    routing={"prefill": config.router.routing.prefill,
+                             "decode": config.router.routing.decode})
+    runs = [json.loads(path.read_text()) for path in args.trace]
+    traces = [run["records"] for run in runs]
+    shared = [run.get("workload", {}).get("shared_prefix_tokens", 0) for run in runs]
+    offset, slowdown = fit_offsets(served, traces[0], shared[0])
     first = args.trace[0]
     print(f"fitted on {first.parent.name}/{first.name}: {offset * 1000:.1f} ms added to "
           f"each TTFT, decode steps x{slowdown:.2f}")
     print("| trace | | TTFT p50 | TTFT p95 | decode p50 | E2E p50 |\n|---|---|---|---|---|---|")
-    rows = []
-    for path, records in zip(args.trace, traces, strict=True):
+    rows, works = [], []
+    for path, records, run, head in zip(args.trace, traces, runs, shared, strict=True):
         name = f"{path.parent.name}/{path.name}"
         truth = measured(records)
-        seen = simulate(served, trace_requests(records), offset, slowdown)
+        seen = simulate(served, trace_requests(records, head), offset, slowdown)
+        works.append((name, run.get("engine_work"), seen.prompt_tokens))
         for label, values in (("measured", truth), ("simulated", seen)):
             print(f"| {name} | {label} | " + " | ".join(
                 f"{getattr(values, k) * 1000:.0f} ms" for k in
@@ -218,12 +235,31 @@ def _replay(args) -> int:
         print(f"| {name} | error | " + " | ".join(f"{e:+.0%}" for e in errors.values())
               + " |")
         rows.append({"trace": str(path), "measured": truth.__dict__,
-                     "simulated": seen.__dict__, "error": errors})
+                     "simulated": seen.__dict__, "error": errors,
+                     "engine_work": run.get("engine_work")})
+    _print_prompt_tokens(works)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "replay.json").write_text(json.dumps(
             {"ttft_offset_s": offset, "decode_slowdown": slowdown, "runs": rows}, indent=2))
     return 0
+
+
+def _print_prompt_tokens(works) -> None:
+    """Each trace's prompt tokens per pool and source: the engines' counters (what the
+    run's `engine_work` recorded) beside the simulation's."""
+    from cluster.bench.engine_work import PROMPT_SOURCES
+
+    columns = [(pool, source) for pool in ("prefill", "decode") for source in PROMPT_SOURCES
+               if (pool, source) != ("prefill", "transferred")]
+    print("\n| trace | prompt tokens | " + " | ".join(f"{p} {s}" for p, s in columns)
+          + " |\n|---|---|" + "---|" * len(columns))
+    for name, work, simulated in works:
+        if work:
+            print(f"| {name} | measured | " + " | ".join(
+                f"{work.get(f'{p} prompt tokens {s}', 0):,.0f}" for p, s in columns) + " |")
+        print(f"| {name} | simulated | " + " | ".join(
+            f"{simulated[p][s]:,}" for p, s in columns) + " |")
 
 
 def _size(args) -> int:

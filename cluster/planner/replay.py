@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.percentile import percentile
@@ -33,6 +33,9 @@ class Served:
     transfer_s: float = 0.0         # each prompt's KV transfer, when none is measured
     transfer: Transfer | None = None  # measured (``pdserve bench transfer``): by bytes
     kv_bytes_per_token: int = 0
+    block_size: int = 16             # engine.block_size
+    routing: Mapping[str, Any] = field(default_factory=dict)  # router.routing: {prefill,
+    #                                  decode: their configs} (absent: the defaults)
 
     def transfer_time(self, prompt_tokens: int) -> float:
         """One prompt's KV transfer between the pools."""
@@ -47,6 +50,8 @@ class Latencies:
     ttft_p95: float
     decode_p50: float               # first token to last: the answer's streaming time
     e2e_p50: float
+    # the simulation's: prompt tokens per pool and source (as `engine_work` counts them)
+    prompt_tokens: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
 
 def _answered(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -54,9 +59,24 @@ def _answered(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return [r for r in records if r.get("first_token_at") is not None and r["output_tokens"]]
 
 
-def trace_requests(records: Sequence[Mapping[str, Any]]) -> list[SimRequest]:
-    """The requests of a run's records that got an answer, as sent."""
-    return [SimRequest(r["sent_at"], r["prompt_tokens"], r["output_tokens"])
+def trace_requests(records: Sequence[Mapping[str, Any]],
+                   shared_prefix_tokens: int = 0) -> list[SimRequest]:
+    """The requests of a run's records that got an answer, as sent (open loop: a later
+    turn at the time it was sent), each with the KV blocks it shares: its group's head of
+    ``shared_prefix_tokens`` (the run's workload) and its conversation's earlier turns."""
+    talks = any(r.get("follows") is not None for r in records)
+    by_index = {r["index"]: r for r in records} if talks else {}
+
+    def conversation(record: Mapping[str, Any]) -> int:
+        while record.get("follows") is not None and record["follows"] in by_index:
+            record = by_index[record["follows"]]
+        return record["index"]
+
+    return [SimRequest(r["sent_at"], r["prompt_tokens"], r["output_tokens"],
+                       group=r.get("prefix_group", -1),
+                       group_tokens=shared_prefix_tokens if r.get("prefix_group", -1) >= 0
+                       else 0,
+                       conversation=conversation(r) if talks else -1)
             for r in _answered(records)]
 
 
@@ -88,19 +108,24 @@ def simulate(served: Served, requests: Sequence[SimRequest], ttft_offset_s: floa
                        step_cost(served.prefill), step_cost(served.decode, decode_slowdown),
                        served.transfer_time, prefill_limits=_limits(served.prefill),
                        decode_limits=_limits(served.decode),
-                       threshold_tokens=served.threshold_tokens)
+                       threshold_tokens=served.threshold_tokens, block_size=served.block_size,
+                       prefill_routing=served.routing.get("prefill"),
+                       decode_routing=served.routing.get("decode"))
     result = Simulation(spec, requests, random.Random(seed)).run()
     done = [o for o in result.outcomes if o.e2e_s is not None]
     ttfts = [o.ttft_s + ttft_offset_s for o in done]
     return Latencies(percentile(ttfts, 50), percentile(ttfts, 95),
                      percentile([o.e2e_s - o.ttft_s for o in done], 50),
-                     percentile([o.e2e_s + ttft_offset_s for o in done], 50))
+                     percentile([o.e2e_s + ttft_offset_s for o in done], 50),
+                     result.prompt_tokens)
 
 
-def fit_offsets(served: Served, records: Sequence[Mapping[str, Any]]) -> tuple[float, float]:
+def fit_offsets(served: Served, records: Sequence[Mapping[str, Any]],
+                shared_prefix_tokens: int = 0) -> tuple[float, float]:
     """(TTFT offset, decode slowdown) that make the simulation's medians those of
     ``records``: the slowdown first (it moves the TTFT too, by queueing), a few rounds."""
-    requests, truth = trace_requests(records), measured(records)
+    requests = trace_requests(records, shared_prefix_tokens)
+    truth = measured(records)
     offset, slowdown = 0.0, 1.0
     for _ in range(4):
         seen = simulate(served, requests, offset, slowdown)
