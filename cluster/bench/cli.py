@@ -12,7 +12,7 @@ import argparse
 import asyncio
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from cluster.bench import breakdown, cpu, engine_work, quality, report
@@ -131,6 +131,11 @@ def _workload_args(parser: argparse.ArgumentParser) -> None:
                              "holds: router.routing.decode.cache_aware_path)")
     parser.add_argument("--think-s", type=float, default=WorkloadSpec.think_s,
                         help="mean pause (exponential) between an answer and the next turn")
+    parser.add_argument("--prompt-salt", default=WorkloadSpec.prompt_salt,
+                        help="text put before every prompt: runs of one seed with different "
+                             "salts have the same lengths and times but share no KV block, so "
+                             "a run does not find an earlier run's prompts in the prefix "
+                             "caches (each rate of a --rates sweep adds its rate to it)")
     parser.add_argument("--shared-prefix-tokens", type=int,
                         default=WorkloadSpec.shared_prefix_tokens,
                         help="start every prompt with a shared head (a system prompt) of "
@@ -170,6 +175,7 @@ def _spec(args, workload: str | None = None, rate: float | None = None,
         repeat_fraction=args.repeat_fraction,
         shared_prefix_tokens=args.shared_prefix_tokens,
         prefix_groups=args.prefix_groups, turns=args.turns, think_s=args.think_s,
+        prompt_salt=args.prompt_salt,
     )
 
 
@@ -280,6 +286,8 @@ def _run(args) -> int:
     sweep, runs = [], {}
     for rate in rates:
         spec = _spec(args, rate=rate)
+        if len(rates) > 1:   # each rate its own prompts: none cached by the rate before
+            spec = replace(spec, prompt_salt=f"{spec.prompt_salt}@{rate:g}/s")
         records, summary = _measure(args.base_url, args.model, spec, count_tokens, slo,
                                     not args.no_progress, f"{spec.name} @ {rate}/s",
                                     args.api_key, metrics_url)

@@ -118,6 +118,7 @@ class WorkloadSpec:
     turns: int = 1  # requests per conversation: each later turn carries the history
     think_s: float = 2.0  # mean pause between an answer and its conversation's next turn
     message_tokens: int = 48  # mean length of a later turn's new message, before scaling
+    prompt_salt: str = ""  # put before every prompt: another salt shares no KV block
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -204,6 +205,7 @@ def _first_turns(spec: WorkloadSpec, count_tokens: Callable[[str], int]) -> list
     prefixes = shared_prefixes(spec, count_tokens)
     # Its own random stream: the arrival times stay those of the workload without heads.
     groups = random.Random(spec.seed + 3)
+    salt = f"[{spec.prompt_salt}] " if spec.prompt_salt else ""
     requests: list[PlannedRequest] = []
     # Its own random stream: the arrival times stay those of the workload without repeats.
     repeats = random.Random(spec.seed + 2)
@@ -220,7 +222,7 @@ def _first_turns(spec: WorkloadSpec, count_tokens: Callable[[str], int]) -> list
         output_tokens = max(1, round(output_tokens * spec.scale))
         output_tokens = min(output_tokens, spec.max_model_len - prompt_tokens - 16)
         group = groups.randrange(len(prefixes))
-        prompt = build_prompt(index, prompt_tokens, rng, count_tokens, prefixes[group])
+        prompt = salt + build_prompt(index, prompt_tokens, rng, count_tokens, prefixes[group])
         # The distinct head can make a very short target longer: record the real length.
         real_length = count_tokens(prompt)
         requests.append(PlannedRequest(

@@ -1,6 +1,7 @@
 """Benchmark workloads and statistics (pure parts of `pdserve bench`)."""
 
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,25 @@ def test_shared_heads_start_every_prompt_one_group_each_at_the_same_arrivals():
     assert shared_prefixes(WorkloadSpec(seed=5), count_bytes) == [""]
     with pytest.raises(ValueError, match="prefix_groups"):
         WorkloadSpec(prefix_groups=0)
+
+
+def test_a_salt_keeps_lengths_times_and_groups_and_shares_nothing_with_another_run():
+    """Two runs of one seed with different salts: the same arrivals, lengths (but the salt's
+    few tokens) and groups, and no prompt starts like any of the other run's; within a
+    run the shared heads are still shared."""
+    spec = WorkloadSpec(num_requests=60, seed=5, scale=0.1, shared_prefix_tokens=128,
+                        prefix_groups=3, turns=2)
+    first, second = (plan(replace(spec, prompt_salt=salt), count_bytes) for salt in ("a", "b"))
+    assert [(r.send_at, r.max_tokens, r.prefix_group, r.follows) for r in first] == \
+        [(r.send_at, r.max_tokens, r.prefix_group, r.follows) for r in second]
+    assert all(abs(a.prompt_tokens - b.prompt_tokens) <= 1
+               for a, b in zip(first, second, strict=True))
+    # a later turn's prompt is its message, sent after its history: the first turns' heads
+    assert not {r.prompt[:16] for r in first if r.follows is None} \
+        & {r.prompt[:16] for r in second if r.follows is None}
+    heads = shared_prefixes(spec, count_bytes)
+    assert all(r.prompt.startswith("[a] " + heads[r.prefix_group])
+               for r in first if r.follows is None)
 
 
 def test_conversations_chain_their_turns_and_come_at_the_rate_in_all():
