@@ -6,13 +6,16 @@
 2. the cluster of ``--config`` served, one unrecorded warm-up run of the first rate (the
    first requests after a start are slower), then ``pdserve bench run`` at each of
    ``--rates``, ``--repeats`` times with the same seed (the same trace: what differs
-   between them is the measurement's own noise);
+   between them is the measurement's own noise), each run's prompts salted apart so
+   that none finds another's in the prefix caches;
 3. ``pdserve plan replay``: the first run at the first rate fits the serving layer's two
    constants; every run is then replayed and predicted.
 
 ``--set`` changes the served config (``bench variants``' syntax: ``a.b=1,c=2``) and
 ``--workload-args`` adds ``pdserve bench run`` workload flags: conversations and shared
-heads, whose prefix-cache work the replay predicts beside the engines' counters:
+heads, whose prefix-cache work the replay predicts beside the engines' counters (with
+conversations, ``scripts/answer_reuse.py`` measures how much of an answer the next turn
+repeats, and the replay takes it):
 
     .venv/bin/python scripts/plan_validation.py --rates 1,2 --repeats 2 \
         --set decode.replicas=2,ray.num_cpus=3,router.disaggregation_threshold_tokens=256 \
@@ -72,16 +75,27 @@ def main() -> None:
                  "--num-requests", str(args.num_requests), "--seed", "0",
                  "--tokenizer", str(config.model.path), "--no-progress",
                  *shlex.split(args.workload_args))
+    # Each run its own salt (and each rate of a sweep its own): the same trace, but no run
+    # finds an earlier one's prompts in the engines' prefix caches, as the simulation,
+    # which starts each replay cold, does not.
     with processes.running(server):
-        pdserve(*bench_run, "--rate", first_rate, "--out", str(args.out / "warm-up"))
+        pdserve(*bench_run, "--rate", first_rate, "--prompt-salt", "warm-up",
+                "--out", str(args.out / "warm-up"))
         for repeat in range(1, args.repeats + 1):
-            pdserve(*bench_run, "--rates", args.rates,
+            pdserve(*bench_run, "--rates", args.rates, "--prompt-salt", f"repeat{repeat}",
                     "--out", str(args.out / f"repeat{repeat}"))
+        reuse = []
+        if "--turns" in args.workload_args:   # how much of an answer the next turn repeats
+            subprocess.run([sys.executable, "scripts/answer_reuse.py", "--base-url",
+                            base_url, "--model", config.model.name, "--tokenizer",
+                            str(config.model.path), "--out",
+                            str(args.out / "answer-reuse.json")], check=True, cwd=REPO)
+            reuse = ["--answer-reuse", str(args.out / "answer-reuse.json")]
     rates = [float(rate) for rate in args.rates.split(",")]
     traces = [args.out / f"repeat{repeat}" / f"run-reference-{rate}.json"
               for rate in rates for repeat in range(1, args.repeats + 1)]
     pdserve("plan", "replay", "--config", str(args.config), "--calibration",
-            str(calibration), "--out", str(args.out),
+            str(calibration), "--out", str(args.out), *reuse,
             *[part for trace in traces for part in ("--trace", str(trace))])
 
 

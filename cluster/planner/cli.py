@@ -64,6 +64,11 @@ def add_parser(commands) -> None:
                       help="requests per conversation: each later turn carries the "
                       "history and arrives --think-s (mean) after the answer before it")
     plan.add_argument("--think-s", type=float, default=20.0)
+    plan.add_argument("--answer-reuse", type=_answer_reuse, default=1.0,
+                      help="size, replay: the share of an answer the next turn's prompt "
+                      "repeats token for token (a history sent as text is tokenized again), "
+                      "or the JSON file of scripts/answer_reuse.py, whose measured shares "
+                      "each later turn draws one of")
     plan.add_argument("--ttft-p95", type=float, default=0.5, help="SLO, seconds")
     plan.add_argument("--itl-p95", type=float, default=0.05, help="SLO, seconds")
     plan.add_argument("--prefill-tp", type=int, default=4)
@@ -114,6 +119,14 @@ def load_model_config(name: str) -> dict:
     return json.loads(path.read_text())
 
 
+def _answer_reuse(text: str):
+    """A share, or the measured shares of an answer_reuse.py file."""
+    try:
+        return float(text)
+    except ValueError:
+        return tuple(json.loads(Path(text).read_text())["shares"])
+
+
 def inputs_from(args):
     from cluster.bench.workload import WorkloadSpec
     from cluster.planner.cost_model import Roofline, Transfer
@@ -146,7 +159,8 @@ def inputs_from(args):
                               think_s=args.think_s),
         slo=Slo(args.ttft_p95, args.itl_p95), threshold_tokens=args.threshold,
         sim_seconds=args.sim_seconds, slice_replicas=args.slice_replicas,
-        prefix_hit=args.prefix_hit, response_cache_hit=args.response_cache_hit)
+        prefix_hit=args.prefix_hit, response_cache_hit=args.response_cache_hit,
+        answer_reuse=args.answer_reuse)
 
 
 def main(args) -> int:
@@ -215,7 +229,7 @@ def _replay(args) -> int:
     runs = [json.loads(path.read_text()) for path in args.trace]
     traces = [run["records"] for run in runs]
     shared = [run.get("workload", {}).get("shared_prefix_tokens", 0) for run in runs]
-    offset, slowdown = fit_offsets(served, traces[0], shared[0])
+    offset, slowdown = fit_offsets(served, traces[0], shared[0], args.answer_reuse)
     first = args.trace[0]
     print(f"fitted on {first.parent.name}/{first.name}: {offset * 1000:.1f} ms added to "
           f"each TTFT, decode steps x{slowdown:.2f}")
@@ -224,7 +238,8 @@ def _replay(args) -> int:
     for path, records, run, head in zip(args.trace, traces, runs, shared, strict=True):
         name = f"{path.parent.name}/{path.name}"
         truth = measured(records)
-        seen = simulate(served, trace_requests(records, head), offset, slowdown)
+        seen = simulate(served, trace_requests(records, head, args.answer_reuse), offset,
+                        slowdown)
         works.append((name, run.get("engine_work"), seen.prompt_tokens))
         for label, values in (("measured", truth), ("simulated", seen)):
             print(f"| {name} | {label} | " + " | ".join(
@@ -242,6 +257,10 @@ def _replay(args) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "replay.json").write_text(json.dumps(
             {"ttft_offset_s": offset, "decode_slowdown": slowdown, "runs": rows}, indent=2))
+        from cluster.planner.plots import replay_plot
+
+        replay_plot(args.out / "replay.png", rows)
+        print(f"wrote {args.out / 'replay.json'} and {args.out / 'replay.png'}")
     return 0
 
 

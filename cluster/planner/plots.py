@@ -44,3 +44,52 @@ def plan_plot(path: Path, plan: Plan, peak_to_mean: float) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
+
+
+def replay_plot(path: Path, runs: list[dict]) -> None:
+    """``pdserve plan replay``'s runs (replay.json's ``runs``) side by side: each trace's
+    measured and simulated TTFT p50 and p95 and E2E p50, and, where the run counted the
+    engines' work, each pool's prompt tokens by source, measured against simulated."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    counted = [run for run in runs if run.get("engine_work")]
+    figure, axes = plt.subplots(1, 2 if counted else 1, figsize=(12 if counted else 7, 4.5),
+                                squeeze=False)
+    latencies, tokens = axes[0][0], axes[0][-1]
+    names = [Path(run["trace"]).parent.name + "/" + Path(run["trace"]).stem for run in runs]
+    places = range(len(runs))
+    for color, key, label in (("C0", "ttft_p50", "TTFT p50"), ("C1", "ttft_p95", "TTFT p95"),
+                              ("C2", "e2e_p50", "E2E p50")):
+        latencies.scatter(places, [run["measured"][key] * 1000 for run in runs], color=color,
+                          label=f"{label}, measured")
+        latencies.scatter(places, [run["simulated"][key] * 1000 for run in runs],
+                          color=color, marker="x", label=f"{label}, simulated")
+    latencies.set(ylabel="ms", yscale="log", title="replayed traces")
+    latencies.set_xticks(list(places), names, rotation=30, ha="right", fontsize="small")
+    latencies.legend(fontsize="x-small", ncol=2)
+    if counted:
+        _prompt_tokens_panel(tokens, counted)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def _prompt_tokens_panel(axis, runs: list[dict]) -> None:
+    """Measured against simulated prompt tokens, one point per trace, pool and source; the
+    diagonal is a perfect prediction."""
+    highest = 1.0
+    for index, (pool, source) in enumerate((("prefill", "computed"), ("prefill", "cached"),
+                                            ("decode", "computed"), ("decode", "cached"),
+                                            ("decode", "transferred"))):
+        measured = [run["engine_work"].get(f"{pool} prompt tokens {source}", 0.0)
+                    for run in runs]
+        simulated = [run["simulated"]["prompt_tokens"][pool][source] for run in runs]
+        axis.scatter(measured, simulated, color=f"C{index}", label=f"{pool} {source}")
+        highest = max(highest, *measured, *simulated)
+    axis.plot([0, highest], [0, highest], color="grey", linewidth=0.8)
+    axis.set(xlabel="measured (the engines' counters)", ylabel="simulated",
+             title="prompt tokens per pool and source")
+    axis.legend(fontsize="x-small")

@@ -12,12 +12,19 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cluster.percentile import percentile
 from cluster.planner.cost_model import Transfer
-from cluster.planner.des import ClusterSpec, EngineLimits, SimRequest, Simulation
+from cluster.planner.des import (
+    AnswerReuse,
+    ClusterSpec,
+    EngineLimits,
+    SimRequest,
+    Simulation,
+    repeated_tokens,
+)
 from cluster.planner.fitted import FittedCost
 
 
@@ -59,25 +66,34 @@ def _answered(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return [r for r in records if r.get("first_token_at") is not None and r["output_tokens"]]
 
 
-def trace_requests(records: Sequence[Mapping[str, Any]],
-                   shared_prefix_tokens: int = 0) -> list[SimRequest]:
+def trace_requests(records: Sequence[Mapping[str, Any]], shared_prefix_tokens: int = 0,
+                   answer_reuse: AnswerReuse = 1.0) -> list[SimRequest]:
     """The requests of a run's records that got an answer, as sent (open loop: a later
     turn at the time it was sent), each with the KV blocks it shares: its group's head of
-    ``shared_prefix_tokens`` (the run's workload) and its conversation's earlier turns."""
-    talks = any(r.get("follows") is not None for r in records)
-    by_index = {r["index"]: r for r in records} if talks else {}
+    ``shared_prefix_tokens`` (the run's workload) and its conversation's earlier turns,
+    of whose answers it repeats ``answer_reuse`` token for token (a share, or shares
+    each later turn draws one of, seeded)."""
+    if not any(r.get("follows") is not None for r in records):
+        return [_as_sent(r, shared_prefix_tokens, -1) for r in _answered(records)]
+    requests: dict[int, SimRequest] = {}
+    rng = random.Random(0)
+    for record in sorted(records, key=lambda r: r["index"]):
+        request = _as_sent(record, shared_prefix_tokens, record["index"])
+        earlier = requests.get(record.get("follows"))
+        if earlier is not None:
+            repeated = repeated_tokens(earlier, answer_reuse, rng)
+            request = replace(request, conversation=earlier.conversation,
+                              versions=earlier.next_versions(repeated))
+        requests[record["index"]] = request
+    return [requests[r["index"]] for r in _answered(records)]
 
-    def conversation(record: Mapping[str, Any]) -> int:
-        while record.get("follows") is not None and record["follows"] in by_index:
-            record = by_index[record["follows"]]
-        return record["index"]
 
-    return [SimRequest(r["sent_at"], r["prompt_tokens"], r["output_tokens"],
-                       group=r.get("prefix_group", -1),
-                       group_tokens=shared_prefix_tokens if r.get("prefix_group", -1) >= 0
-                       else 0,
-                       conversation=conversation(r) if talks else -1)
-            for r in _answered(records)]
+def _as_sent(record: Mapping[str, Any], shared_prefix_tokens: int,
+             conversation: int) -> SimRequest:
+    group = record.get("prefix_group", -1)
+    return SimRequest(record["sent_at"], record["prompt_tokens"], record["output_tokens"],
+                      group=group, group_tokens=shared_prefix_tokens if group >= 0 else 0,
+                      conversation=conversation)
 
 
 def measured(records: Sequence[Mapping[str, Any]]) -> Latencies:
@@ -121,10 +137,11 @@ def simulate(served: Served, requests: Sequence[SimRequest], ttft_offset_s: floa
 
 
 def fit_offsets(served: Served, records: Sequence[Mapping[str, Any]],
-                shared_prefix_tokens: int = 0) -> tuple[float, float]:
+                shared_prefix_tokens: int = 0, answer_reuse: AnswerReuse = 1.0
+                ) -> tuple[float, float]:
     """(TTFT offset, decode slowdown) that make the simulation's medians those of
     ``records``: the slowdown first (it moves the TTFT too, by queueing), a few rounds."""
-    requests = trace_requests(records, shared_prefix_tokens)
+    requests = trace_requests(records, shared_prefix_tokens, answer_reuse)
     truth = measured(records)
     offset, slowdown = 0.0, 1.0
     for _ in range(4):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from cluster.bench.workload import WorkloadSpec
 from cluster.percentile import percentile
 from cluster.planner.cost_model import Roofline, Transfer
-from cluster.planner.des import ClusterSpec, EngineLimits, SimResult, Simulation
+from cluster.planner.des import AnswerReuse, ClusterSpec, EngineLimits, SimResult, Simulation
 from cluster.planner.model import prefill_pairs
 from cluster.planner.workload import diurnal_shape, mean_lengths, requests
 
@@ -48,6 +48,7 @@ class PlanInputs:
     # caches hold (a shared system prompt, an earlier turn).
     response_cache_hit: float = 0.0
     prefix_hit: float = 0.0
+    answer_reuse: AnswerReuse = 1.0   # of an answer, repeated by the next turn's tokens
 
     def __post_init__(self) -> None:
         if not 0 <= self.response_cache_hit < 1 or not 0 <= self.prefix_hit < 1:
@@ -106,7 +107,8 @@ def predict(inputs: PlanInputs, prefill_replicas: int, decode_replicas: int) -> 
     spec = replace(inputs.workload, rate=rate,
                    num_requests=max(1, round(rate * (inputs.sim_seconds + ramp))))
     result = Simulation(cluster_spec(inputs, sim_p, sim_d),
-                        requests(spec, inputs.prefix_hit), random.Random(spec.seed)).run()
+                        requests(spec, inputs.prefix_hit, inputs.answer_reuse),
+                        random.Random(spec.seed)).run()
     # With conversations, read until the last first turn: later turns after it come
     # without the first turns of their time, a load falling off
     end = result.last_arrival_s if ramp else math.inf

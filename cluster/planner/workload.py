@@ -14,23 +14,33 @@ from cluster.bench.workload import (
     lognormal_with_mean,
     request_lengths,
 )
-from cluster.planner.des import SimRequest
+from cluster.planner.des import (
+    AnswerReuse,
+    SimRequest,
+    check_answer_reuse,
+    repeated_tokens,
+)
 
 
-def requests(spec: WorkloadSpec, prefix_hit: float = 0.0) -> list[SimRequest]:
+def requests(spec: WorkloadSpec, prefix_hit: float = 0.0,
+             answer_reuse: AnswerReuse = 1.0) -> list[SimRequest]:
     """``spec``'s requests as the benchmark plans them (cluster/bench/workload.py ``plan``),
     lengths only (no text; seeded, not token for token the benchmark's): conversations of
     ``turns`` whose first turns arrive at ``rate / turns``, every first prompt behind one
     of ``prefix_groups`` shared heads of ``shared_prefix_tokens`` when that is set, and
     each later turn the history plus a new message. ``prefix_hit``: a share of every
     prompt assumed in the prefix cache of its engine, beside what the simulation finds
-    there."""
+    there. ``answer_reuse``: the share of an answer that the next turn's prompt repeats
+    token for token (a history sent as text is tokenized again, and an answer's text need
+    not give back its tokens: docs/planning.md), or measured shares each later turn draws
+    one of; the rest of the history is new tokens."""
     if not 0 <= prefix_hit < 1:
         raise ValueError(f"a prefix-cache hit rate is in [0, 1), not {prefix_hit}")
+    check_answer_reuse(answer_reuse)
     conversations = -(-spec.num_requests // spec.turns)
     first = _first_turns(replace(spec, num_requests=conversations,
                                  rate=spec.rate / spec.turns), prefix_hit)
-    return first + _later_turns(spec, first, prefix_hit)
+    return first + _later_turns(spec, first, prefix_hit, answer_reuse)
 
 
 def _first_turns(spec: WorkloadSpec, prefix_hit: float) -> list[SimRequest]:
@@ -52,11 +62,12 @@ def _first_turns(spec: WorkloadSpec, prefix_hit: float) -> list[SimRequest]:
     return result
 
 
-def _later_turns(spec: WorkloadSpec, first: list[SimRequest],
-                 prefix_hit: float) -> list[SimRequest]:
+def _later_turns(spec: WorkloadSpec, first: list[SimRequest], prefix_hit: float,
+                 answer_reuse: AnswerReuse) -> list[SimRequest]:
     """Turns 2.. until ``num_requests`` in all, as the benchmark's: each a think time after
     the answer before it; a conversation whose history would not fit the context ends."""
     rng = random.Random(spec.seed + 4)
+    reuse = random.Random(spec.seed + 5)
     latest: list[int | None] = list(range(len(first)))
     result = list(first)
     for _turn in range(2, spec.turns + 1):
@@ -75,9 +86,11 @@ def _later_turns(spec: WorkloadSpec, first: list[SimRequest],
                 continue
             think_s = rng.expovariate(1 / spec.think_s) if spec.think_s else 0.0
             latest[conversation] = len(result)
+            repeated = repeated_tokens(before, answer_reuse, reuse)
             result.append(replace(before, arrival_s=0.0, prompt_tokens=history,
                                   output_tokens=output,
                                   cached_tokens=int(history * prefix_hit),
+                                  versions=before.next_versions(repeated),
                                   follows=previous, think_s=think_s))
     return result[len(first):]
 

@@ -94,6 +94,25 @@ def test_calibrate_times_both_pools_engines_and_replay_uses_the_fit(tmp_path, ca
     assert "simulated |" in capsys.readouterr().out
     replayed = json.loads((tmp_path / "replay.json").read_text())
     assert replayed["runs"][0]["simulated"]["ttft_p50"] == pytest.approx(0.05, rel=0.1)
+    assert (tmp_path / "replay.png").stat().st_size > 10_000
+    # The same requests as one conversation (each turn the one before's prompt and answer
+    # plus 2 tokens), with the engines' counters the run recorded: every turn after the
+    # first finds the history before it (less the answer's last token: 97 + 10 i tokens)
+    # in its decode engine's cache, and the table sets the counters beside the simulation
+    talk = tmp_path / "talk.json"
+    talk.write_text(json.dumps({"records": [
+        {**record, "index": i, "follows": i - 1 if i else None, "turn": i + 1}
+        for i, record in enumerate(records)],
+        "engine_work": {"decode prompt tokens cached": 1234.0}}))
+    assert main(["plan", "replay", "--config", str(TEST_CONFIG), "--calibration",
+                 str(calibration), "--trace", str(talk), "--out", str(tmp_path / "talk")]) == 0
+    printed = capsys.readouterr().out
+    assert "| decode cached |" in printed and "| measured | 0 | 0 | 0 | 1,234 | 0 |" in printed
+    block = load_config(TEST_CONFIG).engine.block_size
+    run = json.loads((tmp_path / "talk" / "replay.json").read_text())["runs"][0]
+    assert run["simulated"]["prompt_tokens"]["decode"]["cached"] == sum(
+        (97 + 10 * i) // block * block for i in range(1, 20))
+    assert run["engine_work"] == {"decode prompt tokens cached": 1234.0}
     # A measured transfer (20 ms a read, whatever its size: a slow link) is part of each
     # simulated TTFT, so the serving layer's fitted share of the same measured TTFT shrinks
     slow_link = tmp_path / "transfer.json"

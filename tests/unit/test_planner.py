@@ -309,3 +309,18 @@ def test_a_measured_transfer_is_the_line_through_bench_transfers_reads():
     served = replace(served_cluster(), transfer=transfer, kv_bytes_per_token=4096)
     assert served.transfer_time(2048) == pytest.approx(transfer.time(2048 * 4096))
     assert served_cluster().transfer_time(2048) == 0.002   # none measured: the constant
+
+
+def test_a_shared_system_prompt_takes_work_off_the_prefill_pool_in_a_plan():
+    """The same lengths behind 1,024-token heads: four heads shared by every request, or
+    one head each (nothing shared). The simulated prefix caches compute a shared head
+    once per engine, so the prefill engines are busy for a fraction of the time."""
+    plain = small_inputs(rate=20)
+
+    def with_heads(groups: int) -> PlanInputs:
+        return replace(plain, workload=replace(plain.workload, shared_prefix_tokens=1024,
+                                               prefix_groups=groups))
+
+    shared, unshared = predict(with_heads(4), 3, 3), predict(with_heads(10**6), 3, 3)
+    assert shared.prefill_busy < 0.5 * unshared.prefill_busy
+    assert shared.ttft_s["p50"] < unshared.ttft_s["p50"]

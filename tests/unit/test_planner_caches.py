@@ -150,3 +150,46 @@ def test_a_recorded_conversation_is_replayed_with_its_shared_blocks():
     assert [(r.group, r.group_tokens) for r in replayed] == [(1, 256), (2, 256), (1, 256),
                                                              (1, 256)]
     assert all(r.follows is None for r in replayed)   # sent when they were: open loop
+    # repeating half of each answer: turn 2 is new from 300 + 5 tokens, turn 3 from 355
+    halves = trace_requests(records, shared_prefix_tokens=256, answer_reuse=0.5)
+    assert [r.versions for r in halves] == [(), (), ((0, 0), (305, 1)),
+                                            ((0, 0), (305, 1), (355, 2))]
+
+
+def test_a_later_turn_shares_its_history_only_up_to_where_it_repeats_the_answer():
+    """The next turn repeats the prompt and the answer's first 40 tokens (its text then
+    tokenized differently): the blocks after that are its own, and a third turn keeps the
+    second's from there."""
+    one = SimRequest(0, 320, 160, conversation=5)
+    two = replace(one, prompt_tokens=520, versions=one.next_versions(360), follows=0)
+    answered = block_chain(one, 320 + 160 - 1, BLOCK)
+    chain = block_chain(two, 520, BLOCK)
+    assert chain[:22] == answered[:22]                   # 360 tokens: 22 whole blocks
+    assert set(chain[22:]).isdisjoint(answered)
+    three = replace(two, prompt_tokens=900, versions=two.next_versions(600))
+    assert block_chain(three, 900, BLOCK)[:37] == block_chain(two, 700, BLOCK)[:37]
+    assert set(block_chain(three, 900, BLOCK)[37:]).isdisjoint(block_chain(two, 700, BLOCK))
+
+
+@pytest.mark.parametrize("reuse, path", [(1.0, "decode_local"), (0.1, "disaggregated")])
+def test_a_history_that_repeats_little_of_the_answer_goes_back_through_prefill(reuse, path):
+    """400 prompt tokens, a 300-token answer, a 30-token message: repeating the whole
+    answer leaves 42 tokens to compute (under the threshold of 256: decode-local on the
+    holder); repeating a tenth of it leaves 314 (disaggregated)."""
+    first = SimRequest(0.0, 400, 300, conversation=0)
+    second = SimRequest(0.0, 730, 10, conversation=0, follows=0, think_s=0.1,
+                        versions=first.next_versions(400 + int(300 * reuse)))
+    result = Simulation(cluster(decode=2, threshold=256), [first, second]).run()
+    assert [o.path for o in result.outcomes] == ["disaggregated", path]
+
+
+def test_the_planners_turns_repeat_the_answer_share_they_are_given():
+    spec = WorkloadSpec(rate=2, num_requests=40, seed=3, turns=2, think_s=1)
+    for reuse in (1.0, 0.25):
+        work = requests(spec, answer_reuse=reuse)
+        for later in (r for r in work if r.follows is not None):
+            before = work[later.follows]
+            assert later.versions[-1][0] == \
+                before.prompt_tokens + int(before.output_tokens * reuse)
+    with pytest.raises(ValueError, match="answer_reuse"):
+        requests(spec, answer_reuse=1.5)
