@@ -71,13 +71,17 @@ def add_parser(commands) -> None:
                       "each later turn draws one of")
     plan.add_argument("--ttft-p95", type=float, default=0.5, help="SLO, seconds")
     plan.add_argument("--itl-p95", type=float, default=0.05, help="SLO, seconds")
-    plan.add_argument("--prefill-tp", type=int, default=4)
-    plan.add_argument("--decode-tp", type=int, default=4)
+    plan.add_argument("--prefill-tp", type=_numbers, default=(4,),
+                      help="tensor parallelism of a prefill replica; several (2,4,8): "
+                      "each searched, the cheapest plan kept")
+    plan.add_argument("--decode-tp", type=_numbers, default=(4,),
+                      help="the same for a decode replica")
     plan.add_argument("--prefill-batched-tokens", type=int, default=2048)
     plan.add_argument("--decode-batched-tokens", type=int, default=1024)
     plan.add_argument("--decode-max-seqs", type=int, default=384)
-    plan.add_argument("--threshold", type=int, default=256,
-                      help="router.disaggregation_threshold_tokens")
+    plan.add_argument("--threshold", type=_numbers, default=(256,),
+                      help="router.disaggregation_threshold_tokens; several (0,256,1024): "
+                      "each searched (with each TP), the cheapest plan kept")
     plan.add_argument("--fp8", action="store_true",
                       help="fp8 weights (W8A8) and KV cache on both pools")
     plan.add_argument("--prefix-hit", type=float, default=0.0,
@@ -119,6 +123,11 @@ def load_model_config(name: str) -> dict:
     return json.loads(path.read_text())
 
 
+def _numbers(text: str) -> tuple[int, ...]:
+    """``"0,256,1024"`` as integers."""
+    return tuple(int(part) for part in text.split(","))
+
+
 def _answer_reuse(text: str):
     """A share, or the measured shares of an answer_reuse.py file."""
     try:
@@ -148,16 +157,16 @@ def inputs_from(args):
                         step_overhead_s=args.step_overhead_ms / 1000)
 
     return PlanInputs(
-        prefill_cost=cost(args.prefill_tp), decode_cost=cost(args.decode_tp),
+        prefill_cost=cost(args.prefill_tp[0]), decode_cost=cost(args.decode_tp[0]),
         prefill=EngineLimits(args.prefill_batched_tokens, 256),
         decode=EngineLimits(args.decode_batched_tokens, args.decode_max_seqs),
-        transfer=Transfer(args.prefill_tp * accelerator.link_bandwidth),
+        transfer=Transfer(args.prefill_tp[0] * accelerator.link_bandwidth),
         workload=WorkloadSpec(name=args.workload, rate=args.rate, seed=args.seed,
                               max_model_len=10240,
                               shared_prefix_tokens=args.shared_prefix_tokens,
                               prefix_groups=args.prefix_groups, turns=args.turns,
                               think_s=args.think_s),
-        slo=Slo(args.ttft_p95, args.itl_p95), threshold_tokens=args.threshold,
+        slo=Slo(args.ttft_p95, args.itl_p95), threshold_tokens=args.threshold[0],
         sim_seconds=args.sim_seconds, slice_replicas=args.slice_replicas,
         prefix_hit=args.prefix_hit, response_cache_hit=args.response_cache_hit,
         answer_reuse=args.answer_reuse)
@@ -281,6 +290,26 @@ def _print_prompt_tokens(works) -> None:
             f"{simulated[p][s]:,}" for p, s in columns) + " |")
 
 
+def _search_configurations(args, inputs):
+    """The plan of ``inputs``, or, when several thresholds or TPs are given, the cheapest
+    of each combination's plans and every combination's (else an empty dict)."""
+    from cluster.planner.output import configuration_table
+    from cluster.planner.search import cheapest, configurations, search
+
+    if len(args.threshold) * len(args.prefill_tp) * len(args.decode_tp) == 1:
+        return search(inputs), {}
+    searched = {}
+    for name, option in configurations(inputs, args.threshold, args.prefill_tp,
+                                       args.decode_tp).items():
+        try:
+            searched[name] = option if isinstance(option, str) else search(option)
+        except RuntimeError as error:
+            searched[name] = str(error).split(";")[0]     # no cluster met the SLOs
+    chosen = cheapest(searched)
+    print(configuration_table(searched, chosen, args.peak_to_mean) + "\n")
+    return searched[chosen], searched
+
+
 def _size(args) -> int:
     import yaml
 
@@ -291,7 +320,8 @@ def _size(args) -> int:
     started = time.monotonic()
     try:
         inputs = inputs_from(args)
-        plan = search(inputs)
+        plan, searched = _search_configurations(args, inputs)
+        inputs = plan.inputs
         levers = {}
         if args.lever_table:
             variants = lever_variants(inputs, args.table_prefix_hit,
@@ -303,6 +333,10 @@ def _size(args) -> int:
         return 2
     answer = figures(plan, args.peak_to_mean)
     answer["search_s"] = time.monotonic() - started
+    if searched:
+        answer["configurations"] = {
+            name: figures(option, args.peak_to_mean) if not isinstance(option, str)
+            else {"none": option} for name, option in searched.items()}
     print(table(answer))
     if levers:
         print("\n" + lever_table(levers))

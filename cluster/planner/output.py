@@ -101,3 +101,22 @@ def lever_table(plans: dict[str, Plan]) -> str:
         lines.append(f"| {name} | {prefill} + {decode} | {plan.dollars_per_hour():,.0f} | "
                      f"{saved:.0%} | {plan.prediction.ttft_s['p95'] * 1000:.0f} ms |")
     return "\n".join(lines)
+
+
+def configuration_table(plans: dict[str, Plan | str], chosen: str,
+                        peak_to_mean: float) -> str:
+    """Each configuration searched: its plan's GPUs, cost and latencies, or why it has
+    none; the cheapest (the plan) marked."""
+    lines = ["| configuration | prefill + decode GPUs | $/hour at peak | GPU-hours a day | "
+             "TTFT p95 | ITL p95 |", "|---|---|---|---|---|---|"]
+    for name, plan in plans.items():
+        if not isinstance(plan, Plan):
+            lines.append(f"| {name} | {plan} | | | | |")
+            continue
+        prefill, decode = plan.gpus
+        label = f"**{name} (the plan)**" if name == chosen else name
+        lines.append(f"| {label} | {prefill} + {decode} | {plan.dollars_per_hour():,.0f} | "
+                     f"{plan.gpu_hours_per_day(peak_to_mean):,.0f} | "
+                     f"{plan.prediction.ttft_s['p95'] * 1000:.0f} ms | "
+                     f"{plan.prediction.itl_s['p95'] * 1000:.1f} ms |")
+    return "\n".join(lines)

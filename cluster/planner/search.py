@@ -8,8 +8,10 @@ cost model) and grows each pool until the simulated p95 TTFT and ITL meet the SL
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from cluster.bench.workload import WorkloadSpec
@@ -296,3 +298,43 @@ def lever_variants(inputs: PlanInputs, prefix_hit: float, response_cache_hit: fl
         f"response cache {response_cache_hit:.0%} of requests": replace(
             inputs, response_cache_hit=response_cache_hit),
     }
+
+
+# ---------------------------------------------------------------------------------------
+# The configurations: tensor parallelism of each pool and the disaggregation threshold
+
+
+def configurations(inputs: PlanInputs, thresholds: Sequence[int], prefill_tps: Sequence[int],
+                   decode_tps: Sequence[int]) -> dict[str, PlanInputs | str]:
+    """``inputs`` with each threshold and each pool's tensor parallelism, by name
+    ("threshold 256, TP4 + TP8"); instead of inputs, why a configuration cannot serve:
+    an engine whose weights leave no room for one whole sequence's KV. The KV link of a
+    prefill replica grows with its GPUs, as the inputs' link does with theirs."""
+    link_per_gpu = inputs.transfer.bandwidth / inputs.prefill_cost.tp
+    longest = inputs.workload.max_model_len
+    result: dict[str, PlanInputs | str] = {}
+    for threshold, prefill_tp, decode_tp in itertools.product(thresholds, prefill_tps,
+                                                              decode_tps):
+        name = f"threshold {threshold}, TP{prefill_tp} + TP{decode_tp}"
+        prefill = replace(inputs.prefill_cost, tp=prefill_tp)
+        decode = replace(inputs.decode_cost, tp=decode_tp)
+        if min(prefill.kv_capacity_tokens(), decode.kv_capacity_tokens()) < longest:
+            result[name] = f"the weights leave room for under {longest:,} tokens of KV"
+            continue
+        result[name] = replace(inputs, prefill_cost=prefill, decode_cost=decode,
+                               threshold_tokens=threshold,
+                               transfer=replace(inputs.transfer,
+                                                bandwidth=link_per_gpu * prefill_tp))
+    return result
+
+
+def cheapest(plans: Mapping[str, Plan | str]) -> str:
+    """The name of the plan of least dollars per hour at peak (then fewest GPU-hours
+    held, then lowest p95 TTFT); a configuration that has no plan (a reason) is never it."""
+    found = {name: plan for name, plan in plans.items() if isinstance(plan, Plan)}
+    if not found:
+        raise RuntimeError("no configuration met the SLOs: " + "; ".join(
+            f"{name}: {reason}" for name, reason in plans.items()))
+    return min(found, key=lambda name: (found[name].dollars_per_hour(),
+                                        sum(found[name].gpus),
+                                        found[name].prediction.ttft_s["p95"]))

@@ -43,6 +43,24 @@ def test_fp8_plans_need_fewer_gpus_and_set_the_kv_cache_dtype(tmp_path):
     assert load_config(tmp_path / "fp8" / "pdserve.yaml").engine.kv_cache_dtype == "fp8"
 
 
+def test_several_thresholds_and_tps_are_each_planned_and_the_cheapest_kept(tmp_path, capsys):
+    assert main(["plan", "--rate", "400", "--slice-replicas", "4", "--sim-seconds", "20",
+                 "--threshold", "0,256", "--prefill-tp", "1,4",
+                 "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "| threshold 0, TP1 + TP4 | the weights leave room for under" in printed
+    answer = json.loads((tmp_path / "plan.json").read_text())
+    options = {name: plan for name, plan in answer["configurations"].items()
+               if "none" not in plan}
+    assert set(options) == {"threshold 0, TP4 + TP4", "threshold 256, TP4 + TP4"}
+    assert answer["dollars_per_hour_at_peak"] == min(
+        plan["dollars_per_hour_at_peak"] for plan in options.values())
+    chosen = load_config(tmp_path / "pdserve.yaml")
+    assert chosen.router.disaggregation_threshold_tokens in (0, 256)
+    assert f"**threshold {chosen.router.disaggregation_threshold_tokens}, TP4 + TP4 " \
+           "(the plan)**" in printed
+
+
 @pytest.mark.parametrize(("option", "message"), [
     (["--accelerator", "tpu9"], "unknown accelerator 'tpu9'"),
     (["--accelerator", "a100", "--fp8"], "a100 has no fp8"),

@@ -37,6 +37,8 @@ from cluster.planner.search import (
     PlanInputs,
     Slo,
     bracket,
+    cheapest,
+    configurations,
     predict,
     search,
     slice_of,
@@ -324,3 +326,24 @@ def test_a_shared_system_prompt_takes_work_off_the_prefill_pool_in_a_plan():
     shared, unshared = predict(with_heads(4), 3, 3), predict(with_heads(10**6), 3, 3)
     assert shared.prefill_busy < 0.5 * unshared.prefill_busy
     assert shared.ttft_s["p50"] < unshared.ttft_s["p50"]
+
+
+def test_configurations_cover_each_threshold_and_tp_and_refuse_what_cannot_fit():
+    inputs = replace(small_inputs(), transfer=Transfer(8e9))    # 8 GB/s: one GPU's link
+    found = configurations(inputs, (0, 512), (1, 2), (1,))
+    assert list(found) == [f"threshold {t}, TP{p} + TP1" for t in (0, 512) for p in (1, 2)]
+    two = found["threshold 512, TP2 + TP1"]
+    assert (two.threshold_tokens, two.prefill_cost.tp, two.decode_cost.tp) == (512, 2, 1)
+    assert two.transfer.bandwidth == 16e9              # a link per prefill GPU
+    tight = replace(inputs, workload=replace(inputs.workload, max_model_len=10**9))
+    assert all(isinstance(reason, str) and "room" in reason
+               for reason in configurations(tight, (0,), (1,), (1,)).values())
+
+
+def test_the_cheapest_configuration_is_the_plan_and_none_without_one():
+    plans = {"twice the rate": search(small_inputs(rate=60)),
+             "the rate": search(small_inputs(rate=30)), "cannot": "no room"}
+    assert plans["the rate"].dollars_per_hour() < plans["twice the rate"].dollars_per_hour()
+    assert cheapest(plans) == "the rate"
+    with pytest.raises(RuntimeError, match="cannot: no room"):
+        cheapest({"cannot": "no room"})
