@@ -39,6 +39,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from cluster.bench.engine_work import PROMPT_SOURCES
 from cluster.config import DecodeRoutingConfig, PrefillRoutingConfig
 from cluster.planner.model import prefill_pairs
 from router.disaggregation import PathChoice, choose_path_with_cache
@@ -245,8 +246,7 @@ class _Engine:
     cache: _PrefixCache = field(default_factory=_PrefixCache)
     block_size: int = 16
     # prompt tokens taken in, by where their KV came from (engine_work's sources)
-    prompt_tokens: dict = field(default_factory=lambda: dict.fromkeys(
-        ("computed", "cached", "transferred"), 0))
+    prompt_tokens: dict = field(default_factory=lambda: dict.fromkeys(PROMPT_SOURCES, 0))
 
     def queued_prompt_tokens(self) -> int:
         return (sum(s.prompt - s.computed for s in self.waiting)
@@ -405,7 +405,8 @@ class Simulation:
             matched = self._belief.match_chain(seq.chain)
         ranking = rank_decode(self._loads(self.decode), self._decode_policy, self.rng,
                               matched, seq.prompt, pinned=pinned)
-        self._belief.routed_chain(f"decode-{seq.index}", seq.chain, ranking[0])
+        if seq.chain:   # only a request with blocks to share is told back when it ends
+            self._belief.routed_chain(f"decode-{seq.index}", seq.chain, ranking[0])
         return next(e for e in self.decode if e.name == ranking[0])
 
     # -- requests ------------------------------------------------------------------------
@@ -531,4 +532,4 @@ class Simulation:
 
 def _summed(engines: list[_Engine]) -> dict[str, int]:
     return {source: sum(e.prompt_tokens[source] for e in engines)
-            for source in ("computed", "cached", "transferred")}
+            for source in PROMPT_SOURCES}
