@@ -98,6 +98,22 @@ def add_parser(commands) -> None:
     plan.add_argument("--step-overhead-ms", type=float, default=3.0)
     plan.add_argument("--peak-to-mean", type=float, default=6.0,
                       help="the day's peak rate over its mean (GPU-hours a day)")
+    plan.add_argument("--no-admission", dest="admission", action="store_false",
+                      help="admit every request at once, not through the base config's "
+                      "router replicas and their admission budgets")
+    plan.add_argument("--max-tokens", type=int, default=None,
+                      help="the max_tokens each request asks for, which admission "
+                      "reserves (default: the base config's router.default_max_tokens)")
+    plan.add_argument("--no-day", dest="day", action="store_false",
+                      help="skip the day under the written config's autoscalers")
+    plan.add_argument("--peak-at", default="20:00",
+                      help="the day's peak, local time (HH:MM) in the time zone of the "
+                      "base config's standby windows (UTC without)")
+    plan.add_argument("--downscale-step", type=int, default=None,
+                      help="the written config's max_downscale_step for both pools "
+                      "(default: what the planned size needs to follow the day down)")
+    plan.add_argument("--startup-s", type=float, default=300.0,
+                      help="seconds from asking for a replica to its serving (the day)")
     plan.add_argument("--slice-replicas", type=int, default=32,
                       help="replicas of the smaller pool simulated")
     plan.add_argument("--sim-seconds", type=float, default=40.0)
@@ -156,6 +172,7 @@ def inputs_from(args):
                         mfu=args.mfu, mbu=args.mbu,
                         step_overhead_s=args.step_overhead_ms / 1000)
 
+    routers, routers_per_decode = _router_tier(args)
     return PlanInputs(
         prefill_cost=cost(args.prefill_tp[0]), decode_cost=cost(args.decode_tp[0]),
         prefill=EngineLimits(args.prefill_batched_tokens, 256),
@@ -169,7 +186,30 @@ def inputs_from(args):
         slo=Slo(args.ttft_p95, args.itl_p95), threshold_tokens=args.threshold[0],
         sim_seconds=args.sim_seconds, slice_replicas=args.slice_replicas,
         prefix_hit=args.prefix_hit, response_cache_hit=args.response_cache_hit,
-        answer_reuse=args.answer_reuse)
+        answer_reuse=args.answer_reuse, routers=routers,
+        routers_per_decode=routers_per_decode)
+
+
+def _router_tier(args):
+    """The base config's router replicas (as many per decode replica as it has) and one
+    replica's admission, each request asking for ``--max-tokens`` (default: the base's
+    ``default_max_tokens``, a client that sets none). ``--no-admission``: (None, 0)."""
+    import yaml
+
+    from cluster.config import parse_config
+    from cluster.planner.des import RouterTier
+    from router.admission import AdmissionPolicy
+
+    if not args.admission:
+        return None, 0.0
+    base = parse_config(yaml.safe_load(args.base_config.read_text()),
+                        source=str(args.base_config))
+    router = base.router
+    tier = RouterTier(replicas=router.replicas,
+                      admission=AdmissionPolicy.from_config(router.admission),
+                      max_tokens=args.max_tokens or router.default_max_tokens,
+                      long_prompt_tokens=router.admission.long_prompt_tokens)
+    return tier, router.replicas / base.decode.replicas
 
 
 def main(args) -> int:
@@ -313,8 +353,7 @@ def _search_configurations(args, inputs):
 def _size(args) -> int:
     import yaml
 
-    from cluster.config import parse_config
-    from cluster.planner.output import config_document, figures, lever_table, table
+    from cluster.planner.output import day_figures, day_table, figures, lever_table, table
     from cluster.planner.search import lever_variants, search
 
     started = time.monotonic()
@@ -328,16 +367,21 @@ def _size(args) -> int:
                                       args.table_response_cache_hit)
             levers = {name: plan if variant == inputs else search(variant)
                       for name, variant in variants.items()}
+        document, days = _document_and_day(args, plan)
     except (ValueError, RuntimeError) as error:
         print(f"pdserve plan: {error}", file=sys.stderr)
         return 2
     answer = figures(plan, args.peak_to_mean)
+    if days:
+        answer["day"] = {name: day_figures(day) for name, day in days.items()}
     answer["search_s"] = time.monotonic() - started
     if searched:
         answer["configurations"] = {
             name: figures(option, args.peak_to_mean) if not isinstance(option, str)
             else {"none": option} for name, option in searched.items()}
     print(table(answer))
+    if days:
+        print("\n" + day_table(answer["day"]))
     if levers:
         print("\n" + lever_table(levers))
         answer["levers"] = {name: figures(lever, args.peak_to_mean)
@@ -345,14 +389,86 @@ def _size(args) -> int:
     print(f"\n{answer['candidates_simulated']} clusters simulated for the plan; "
           f"{answer['search_s']:.0f} s in all")
     if args.out is not None:
-        document = config_document(plan, yaml.safe_load(args.base_config.read_text()))
-        parse_config(document, source="the planned cluster")   # loadable, or it fails here
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "plan.json").write_text(json.dumps(answer, indent=2))
         (args.out / "pdserve.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
-        from cluster.planner.plots import plan_plot
+        from cluster.planner.plots import day_plot, plan_plot
 
         plan_plot(args.out / "plan.png", plan, args.peak_to_mean)
-        print(f"wrote {args.out / 'plan.json'}, {args.out / 'pdserve.yaml'} and "
-              f"{args.out / 'plan.png'}")
+        written = [args.out / name for name in ("plan.json", "pdserve.yaml", "plan.png")]
+        if days:
+            day_plot(args.out / "day.png", days)
+            written.append(args.out / "day.png")
+        print("wrote " + ", ".join(map(str, written)))
     return 0
+
+
+def _document_and_day(args, plan):
+    """The planned cluster's config (loadable, or this fails) and, unless ``--no-day``,
+    its day under that config's autoscalers, as written and, when it has standby
+    windows, without them (None when it has no autoscalers)."""
+    import yaml
+
+    from cluster.config import parse_config
+    from cluster.planner.day import DaySpec, autoscaling_targets, sense, simulate_day
+    from cluster.planner.output import config_document
+
+    base = yaml.safe_load(args.base_config.read_text())
+    sensors = sense(plan) if args.day else None
+    targets = autoscaling_targets(plan, sensors) if sensors else {}
+    _add_downscale_steps(args, plan, parse_config(base, source=str(args.base_config)),
+                         targets)
+    document = config_document(plan, base, targets)
+    config = parse_config(document, source="the planned cluster")
+    if sensors is None or config.autoscaling is None or not config.autoscaling.enabled:
+        return document, None
+    version = next(iter(config.versions))
+    spec = DaySpec(peak_rate=plan.inputs.engine_rate,
+                   peak_at_s=_peak_epoch(args.peak_at, config.autoscaling),
+                   peak_to_mean=args.peak_to_mean, startup_s=args.startup_s,
+                   drain_s=next(p for p in sensors.points if p.multiple >= 1.0).e2e_p99_s)
+    bounds = {pool: config.scaling_bounds(version, pool) for pool in ("prefill", "decode")}
+
+    def day_under(autoscaling):
+        return simulate_day(
+            spec, sensors, (plan.prediction.prefill_replicas, plan.prediction.decode_replicas),
+            (plan.inputs.prefill_cost.tp, plan.inputs.decode_cost.tp), autoscaling,
+            config.slo, bounds)
+
+    days = {"as written": day_under(config.autoscaling)}
+    if config.autoscaling.prefill.standby or config.autoscaling.decode.standby:
+        days["without its standby windows"] = day_under(config.autoscaling.model_copy(update={
+            pool: getattr(config.autoscaling, pool).model_copy(update={"standby": None})
+            for pool in ("prefill", "decode")}))
+    return document, days
+
+
+def _add_downscale_steps(args, plan, base, targets: dict) -> None:
+    """Each pool's ``max_downscale_step``: ``--downscale-step``, else the base config's or
+    the step the planned size needs to follow the day down, whichever is larger."""
+    from cluster.planner.day import fitting_downscale_step
+
+    if base.autoscaling is None:
+        return
+    planned = {"prefill": plan.prediction.prefill_replicas,
+               "decode": plan.prediction.decode_replicas}
+    for pool, replicas in planned.items():
+        scaling = getattr(base.autoscaling, pool)
+        step = args.downscale_step or max(scaling.max_downscale_step, fitting_downscale_step(
+            replicas, scaling.downscale_cooldown_s, args.peak_to_mean))
+        targets.setdefault(pool, {})["max_downscale_step"] = step
+
+
+def _peak_epoch(peak_at: str, autoscaling) -> float:
+    """Epoch seconds of ``peak_at`` (HH:MM) on a fixed Wednesday, local to the standby
+    schedule's zone (UTC without one)."""
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    schedule = autoscaling.decode.standby or autoscaling.prefill.standby
+    zone = schedule.zone if schedule else ZoneInfo("UTC")
+    try:
+        hour, minute = (int(part) for part in peak_at.split(":"))
+        return datetime(2026, 1, 7, hour, minute, tzinfo=zone).timestamp()
+    except ValueError:
+        raise ValueError(f"--peak-at wants HH:MM, not {peak_at!r}") from None

@@ -1,6 +1,8 @@
 """A discrete-event simulation of a pdserve cluster (pure: seeded, no clock, no I/O).
 
-Requests arrive, take the path pdserve's own policy gives them
+Requests arrive at a router replica, which admits them by pdserve's own
+``AdmissionController`` when a ``RouterTier`` is given (waiting for budget, or refused),
+take the path pdserve's own policy gives them
 (``router.disaggregation.choose_path``), are placed by the router's own rankings
 (``rank_prefill``, ``rank_decode``) on load snapshots that are ``report_interval_s`` old
 at most, as the replicas' reports are, and run on engines that schedule like vLLM v1:
@@ -42,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from cluster.bench.engine_work import PROMPT_SOURCES
 from cluster.config import DecodeRoutingConfig, PrefillRoutingConfig
 from cluster.planner.model import prefill_pairs
+from router.admission import AdmissionController, AdmissionPolicy
 from router.disaggregation import PathChoice, choose_path_with_cache
 from router.replica_choice import (
     DecodeCacheBelief,
@@ -141,6 +144,20 @@ class EngineLimits:
 
 
 @dataclass(frozen=True)
+class RouterTier:
+    """The router replicas in front of the engines. Each admits by pdserve's own
+    ``AdmissionController`` (``admission`` is one replica's policy), and Serve's proxy
+    sends a request to the one of two replicas drawn at random with fewer requests in it
+    (its power-of-two-choices router). A request costs its prompt plus ``max_tokens``
+    (None: its answer's length, a client that asks for what it gets)."""
+
+    replicas: int
+    admission: AdmissionPolicy
+    max_tokens: int | None = None
+    long_prompt_tokens: int | None = None      # the long lane's threshold (None: none)
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     prefill_replicas: int
     decode_replicas: int
@@ -155,11 +172,13 @@ class ClusterSpec:
     # router.routing.{prefill,decode} (None: the config's defaults)
     prefill_routing: PrefillRoutingConfig | None = None
     decode_routing: DecodeRoutingConfig | None = None
+    routers: RouterTier | None = None           # None: every request admitted at once
 
 
 @dataclass
 class Outcome:
-    """One request's times (seconds after its arrival), or why it did not finish."""
+    """One request's times (seconds after its arrival), or why it did not finish: its
+    path is "refused" when admission turned it away (429 or, after waiting, 503)."""
 
     path: str
     ttft_s: float | None = None
@@ -186,6 +205,10 @@ class SimResult:
     # (decode) pulled from the prefill pool; the engines' counters of `pdserve bench`
     # (cluster/bench/engine_work.py)
     prompt_tokens: dict[str, dict[str, int]] = field(default_factory=dict)
+    # What the replicas report, as each pool's mean over its replicas, at every refresh
+    # of the router's snapshot (at most one a report interval, at routing instants):
+    # (time, pool, queued prompt tokens, running sequences, KV-cache use 0..1)
+    reports: list[tuple[float, str, float, float, float]] = field(default_factory=list)
 
     def finished(self) -> list[Outcome]:
         return [o for o in self.outcomes if o.e2e_s is not None]
@@ -326,6 +349,7 @@ class Simulation:
         self._snapshot: dict[str, ReplicaLoad] = {}
         self._snapshot_at = float("-inf")
         self._tally = PendingTally()     # the router's own: sends since the last report
+        self.reports: list[tuple[float, str, float, float, float]] = []
         self._last_arrival = max((r.arrival_s for r in self.requests
                                   if r.follows is None), default=0.0)
         # The router's policies as configured; a load report is never too old to trust
@@ -341,6 +365,13 @@ class Simulation:
         self._cache_aware = decode_routing.cache_aware_path
         self._belief = DecodeCacheBelief(spec.block_size, self._decode_policy.max_blocks,
                                          self._decode_policy.index_capacity)
+        tier = spec.routers
+        self._admission = [AdmissionController(tier.admission)
+                           for _ in range(tier.replicas)] if tier else []
+        self._in_router = [0] * len(self._admission)     # requests each holds (any state)
+        self._router_of: dict[int, int] = {}
+        self._router_rng = random.Random(len(self.requests))  # not ``rng``: the rankings'
+        #                                                       draws stay as without
 
     # -- the event loop ----------------------------------------------------------------
 
@@ -360,7 +391,8 @@ class Simulation:
                           "decode": sum(e.busy_s for e in self.decode)},
                          self._last_arrival,
                          self._concurrency, self.now, self.arrivals,
-                         {"prefill": _summed(self.prefill), "decode": _summed(self.decode)})
+                         {"prefill": _summed(self.prefill), "decode": _summed(self.decode)},
+                         self.reports)
 
     # -- routing: pdserve's policies on load snapshots ---------------------------------
 
@@ -375,7 +407,16 @@ class Simulation:
                 max_num_seqs=e.limits.max_num_seqs) for e in self.prefill + self.decode}
             for name in self._snapshot:
                 self._tally.observe_report(name, self.now)
+            self._record_reports()
         return [self._with_pending(self._snapshot[e.name]) for e in engines]
+
+    def _record_reports(self) -> None:
+        for pool, engines in (("prefill", self.prefill), ("decode", self.decode)):
+            if engines:
+                loads = [self._snapshot[e.name] for e in engines]
+                self.reports.append((self.now, pool, *(
+                    sum(getattr(load, name) for load in loads) / len(loads)
+                    for name in ("queued_prefill_tokens", "running_seqs", "kv_usage"))))
 
     def _with_pending(self, load: ReplicaLoad) -> ReplicaLoad:
         """The report plus what was sent since, as the router's ReplicaLoad has it (built,
@@ -412,8 +453,55 @@ class Simulation:
     # -- requests ------------------------------------------------------------------------
 
     def _arrive(self, index: int) -> None:
-        request = self.requests[index]
         self.arrivals[index] = self.now
+        if self._admission:
+            self._admit(index)
+        else:
+            self._route(index)
+
+    def _admit(self, index: int) -> None:
+        """A router replica (the less busy of two drawn) admits, queues or refuses it."""
+        tier = self.spec.routers
+        request = self.requests[index]
+        first, second = (self._router_rng.randrange(len(self._admission)) for _ in range(2))
+        router = first if self._in_router[first] <= self._in_router[second] else second
+        self._router_of[index] = router
+        self._in_router[router] += 1
+        cost = request.prompt_tokens + (tier.max_tokens or request.output_tokens)
+        long = (tier.long_prompt_tokens is not None
+                and request.prompt_tokens >= tier.long_prompt_tokens)
+        action = self._admission[router].request(index, cost, self.now, long=long).action
+        if action == "admit":
+            self._route(index)
+        elif action == "queue":
+            deadline = self._admission[router].next_deadline()
+            self._at(deadline, lambda: self._expire(router))
+        else:
+            self._refuse(index)
+
+    def _expire(self, router: int) -> None:
+        expiry = self._admission[router].expire(self.now)
+        for index in expiry.refused:
+            self._refuse(index)
+        for index in expiry.admitted:
+            self._route(index)
+
+    def _refuse(self, index: int) -> None:
+        """Turned away (its conversation ends here: the turns after it never come)."""
+        self._in_router[self._router_of.pop(index)] -= 1
+        self.outcomes[index].path = "refused"
+
+    def _released(self, index: int) -> None:
+        """Its answer is done: its router frees its budget and admits who now fits."""
+        if not self._admission:
+            return
+        router = self._router_of.pop(index)
+        self._in_router[router] -= 1
+        for admitted in self._admission[router].release(index):
+            self._route(admitted)
+
+    def _route(self, index: int) -> None:
+        request = self.requests[index]
         cached = min(request.cached_tokens, request.prompt_tokens - 1)  # it computes the last
         seq = _Seq(index, request.prompt_tokens, request.output_tokens, computed=cached,
                    chain=block_chain(request, request.prompt_tokens, self.spec.block_size))
@@ -515,6 +603,7 @@ class Simulation:
         """Its engine caches the prompt and answer (less the last token, never fed back),
         the router's belief records them, and the conversation's next turn is due."""
         request = self.requests[seq.index]
+        self._released(seq.index)
         if seq.chain:
             whole = block_chain(request, seq.prompt + seq.output - 1, self.spec.block_size)
             engine.cache.keep(whole)

@@ -1,12 +1,15 @@
-"""What a plan says (pure): its figures as a dict and a table, and the pdserve config of
-the planned cluster, written over a base config (ray_configs/prod-70b.yaml by default)."""
+"""What a plan says (pure): its figures as a dict and a table, the day under its
+autoscalers, and the pdserve config of the planned cluster, written over a base config
+(ray_configs/prod-70b.yaml by default)."""
 
 from __future__ import annotations
 
 import copy
 import math
+from dataclasses import asdict
 from typing import Any
 
+from cluster.planner.day import DayResult
 from cluster.planner.search import Plan
 
 
@@ -23,6 +26,9 @@ def figures(plan: Plan, peak_to_mean: float) -> dict[str, Any]:
                     "gpus": prefill_gpus, "busy": prediction.prefill_busy},
         "decode": {"replicas": prediction.decode_replicas, "tp": inputs.decode_cost.tp,
                    "gpus": decode_gpus, "busy": prediction.decode_busy},
+        "router_replicas": (math.ceil(inputs.routers_per_decode * prediction.decode_replicas)
+                            if inputs.routers is not None else None),
+        "refused": prediction.refused,
         "gpus": prefill_gpus + decode_gpus,
         "p_to_d_gpus": prefill_gpus / decode_gpus,
         "dollars_per_hour_at_peak": plan.dollars_per_hour(),
@@ -55,28 +61,36 @@ def table(answer: dict[str, Any]) -> str:
         ("share of time engines are busy, prefill / decode",
          f"{answer['prefill']['busy']:.2f} / {answer['decode']['busy']:.2f}"),
     ]
+    if answer.get("router_replicas"):
+        rows.append(("router replicas; requests admission refused",
+                     f"{answer['router_replicas']:,}; {answer['refused']:.2%}"))
     return "\n".join(["| | plan |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows])
 
 
-def config_document(plan: Plan, base: dict[str, Any]) -> dict[str, Any]:
+def config_document(plan: Plan, base: dict[str, Any],
+                    targets: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
     """``base`` (a pdserve config document) with the planned pools: replicas, tensor
     parallelism, batch limits, the threshold, the SLOs, and autoscaling bounds and
-    standby floors that hold the planned size at peak."""
+    standby floors that hold the planned size at peak, and each pool's per-replica
+    autoscaling ``targets`` (``day.autoscaling_targets``) when given."""
     document = copy.deepcopy(base)
     inputs = plan.inputs
     sizes = {"prefill": (plan.prediction.prefill_replicas, inputs.prefill_cost.tp),
              "decode": (plan.prediction.decode_replicas, inputs.decode_cost.tp)}
     for pool, (replicas, tp) in sizes.items():
         section = document.setdefault(pool, {})
+        base_replicas = section.get("replicas")
         section["replicas"] = replicas
         section["tensor_parallel_size"] = tp
         scaling = document.get("autoscaling", {}).get(pool)
         if scaling is not None:
             scaling["max_replicas"] = max(scaling.get("max_replicas", 0),
                                           math.ceil(replicas * 1.05))
-            scaling["min_replicas"] = min(scaling.get("min_replicas", 1), replicas)
+            scaling["min_replicas"] = _scaled_floor(scaling.get("min_replicas", 1),
+                                                    base_replicas, replicas)
             for window in scaling.get("standby", {}).get("windows", []):
                 window["min_replicas"] = replicas
+            scaling.update((targets or {}).get(pool, {}))
     document["engine"]["max_num_batched_tokens"] = inputs.prefill.max_num_batched_tokens
     document["decode"]["max_num_batched_tokens"] = inputs.decode.max_num_batched_tokens
     document["decode"].setdefault("engine_overrides", {})["max_num_seqs"] = \
@@ -85,9 +99,21 @@ def config_document(plan: Plan, base: dict[str, Any]) -> dict[str, Any]:
         document["engine"]["kv_cache_dtype"] = "fp8"
     document.setdefault("router", {})["disaggregation_threshold_tokens"] = \
         inputs.threshold_tokens
+    if inputs.routers is not None:
+        document["router"]["replicas"] = math.ceil(
+            inputs.routers_per_decode * plan.prediction.decode_replicas)
     document.setdefault("slo", {}).update(ttft_p95_s=inputs.slo.ttft_p95_s,
                                           itl_p95_s=inputs.slo.itl_p95_s)
     return document
+
+
+def _scaled_floor(base_min: int, base_replicas: int | None, replicas: int) -> int:
+    """The base config's floor, kept in its proportion to the base's own pool size (its
+    night-time share of the peak, "a third at night") for the planned size."""
+    if not base_replicas:
+        return min(base_min, replicas)
+    return max(1 if base_min else 0, min(replicas, math.ceil(replicas * base_min
+                                                             / base_replicas)))
 
 
 def lever_table(plans: dict[str, Plan]) -> str:
@@ -120,3 +146,44 @@ def configuration_table(plans: dict[str, Plan | str], chosen: str,
                      f"{plan.prediction.ttft_s['p95'] * 1000:.0f} ms | "
                      f"{plan.prediction.itl_s['p95'] * 1000:.1f} ms |")
     return "\n".join(lines)
+
+
+def day_figures(day: DayResult) -> dict[str, Any]:
+    """The day under the autoscalers, for plan.json (the timeline a minute apart)."""
+    return {
+        "gpu_hours": day.gpu_hours,
+        "gpu_hours_total": sum(day.gpu_hours.values()),
+        "ideal_gpu_hours": day.ideal_gpu_hours,
+        "ideal_gpu_hours_total": sum(day.ideal_gpu_hours.values()),
+        "replicas_fewest_most": {pool: list(span) for pool, span in day.replicas.items()},
+        "hours_over_slo": day.hours_over_slo,
+        "hours_beyond_sensors": day.hours_beyond_sensors,
+        "scale_events": day.scale_events,
+        "timeline": [asdict(point) for point in day.timeline],
+    }
+
+
+def day_table(days: dict[str, dict[str, Any]]) -> str:
+    """Each simulated day (the written config, and without its standby windows) beside
+    the plan scaled to the rate."""
+    names = list(days)
+    first = days[names[0]]
+    rows = [("the plan scaled to the rate: GPU-hours",
+             [f"{first['ideal_gpu_hours_total']:,.0f}"] + [""] * (len(names) - 1))]
+    rows.append(("GPU-hours a day under the autoscalers (over the scaled plan)",
+                 [f"{day['gpu_hours_total']:,.0f} "
+                  f"({day['gpu_hours_total'] / day['ideal_gpu_hours_total'] - 1:+.0%})"
+                  for day in days.values()]))
+    for pool in ("prefill", "decode"):
+        rows.append((f"{pool}: GPU-hours; replicas fewest-most; scale-ups/downs",
+                     [f"{day['gpu_hours'][pool]:,.0f}; "
+                      f"{'-'.join(map(str, day['replicas_fewest_most'][pool]))}; "
+                      f"{day['scale_events'][pool]['up']}/{day['scale_events'][pool]['down']}"
+                      for day in days.values()]))
+    rows.append(("hours with p95 TTFT / ITL over the SLO",
+                 [f"{day['hours_over_slo']['ttft']:.2f} / {day['hours_over_slo']['itl']:.2f}"
+                  + (f" ({day['hours_beyond_sensors']:.2f} h past the sensed loads)"
+                     if day["hours_beyond_sensors"] else "") for day in days.values()]))
+    header = "| the day under the written config's autoscalers | " + " | ".join(names) + " |"
+    return "\n".join([header, "|---" * (len(names) + 1) + "|"]
+                     + [f"| {label} | " + " | ".join(cells) + " |" for label, cells in rows])

@@ -1,10 +1,12 @@
 """A plan as pictures (shell: matplotlib writes the file): the planned pools' GPUs over
-the day, and every cluster the search simulated against the latency objectives."""
+the day, every cluster the search simulated against the latency objectives, and the day
+under the planned config's autoscalers."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from cluster.planner.day import DayResult
 from cluster.planner.search import Plan
 
 
@@ -93,3 +95,36 @@ def _prompt_tokens_panel(axis, runs: list[dict]) -> None:
     axis.set(xlabel="measured (the engines' counters)", ylabel="simulated",
              title="prompt tokens per pool and source")
     axis.legend(fontsize="x-small")
+
+
+def day_plot(path: Path, days: dict[str, DayResult]) -> None:
+    """The day under the written config's autoscalers (and each variant in ``days``):
+    each pool's replicas alive (the GPUs held) against the plan scaled to the rate, and
+    the predicted p95 TTFT."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (replicas, latency) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
+    first = next(iter(days.values()))
+    hours = [point.hours_after_start for point in first.timeline]
+    for index, pool in enumerate(("prefill", "decode")):
+        replicas.plot(hours, [p.ideal[pool] for p in first.timeline], color=f"C{index}",
+                      linestyle=":", label=f"{pool}: the plan scaled to the rate")
+        for style, (name, day) in zip(("-", "--", "-."), days.items(), strict=False):
+            replicas.plot(hours, [p.alive[pool] for p in day.timeline], color=f"C{index}",
+                          linestyle=style, label=f"{pool}: {name}")
+    replicas.set(ylabel="replicas alive", title="; ".join(
+        f"{name}: {sum(day.gpu_hours.values()):,.0f} GPU-hours" for name, day in days.items())
+        + f" ({sum(first.ideal_gpu_hours.values()):,.0f} scaled to the rate)")
+    replicas.title.set_fontsize("small")
+    replicas.legend(fontsize="x-small")
+    for style, (name, day) in zip(("-", "--", "-."), days.items(), strict=False):
+        latency.plot(hours, [p.ttft_p95_s * 1000 for p in day.timeline], linestyle=style,
+                     label=f"TTFT p95, {name}")
+    latency.set(xlabel="hours from the trough (the peak at 12)", ylabel="ms (predicted)")
+    latency.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)

@@ -17,7 +17,14 @@ from dataclasses import dataclass, replace
 from cluster.bench.workload import WorkloadSpec
 from cluster.percentile import percentile
 from cluster.planner.cost_model import Roofline, Transfer
-from cluster.planner.des import AnswerReuse, ClusterSpec, EngineLimits, SimResult, Simulation
+from cluster.planner.des import (
+    AnswerReuse,
+    ClusterSpec,
+    EngineLimits,
+    RouterTier,
+    SimResult,
+    Simulation,
+)
 from cluster.planner.model import prefill_pairs
 from cluster.planner.workload import diurnal_shape, mean_lengths, requests
 
@@ -51,6 +58,11 @@ class PlanInputs:
     response_cache_hit: float = 0.0
     prefix_hit: float = 0.0
     answer_reuse: AnswerReuse = 1.0   # of an answer, repeated by the next turn's tokens
+    # The router tier and its admission (None: every request admitted at once), with
+    # ``routers_per_decode`` router replicas for each decode replica (its replicas field
+    # is set per simulated slice)
+    routers: RouterTier | None = None
+    routers_per_decode: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.response_cache_hit < 1 or not 0 <= self.prefix_hit < 1:
@@ -75,6 +87,8 @@ class Prediction:
     on_decode_p95_s: float
     prefill_busy: float               # share of time its engines step, while traffic arrives
     decode_busy: float
+    refused: float = 0.0              # share of the requests admission turned away (their
+    #                                   TTFT counts as infinite in the percentiles)
 
     def meets(self, slo: Slo) -> bool:
         return self.ttft_s["p95"] <= slo.ttft_p95_s and self.itl_s["p95"] <= slo.itl_p95_s
@@ -103,19 +117,29 @@ def slice_of(prefill_replicas: int, decode_replicas: int, slice_replicas: int
 
 def predict(inputs: PlanInputs, prefill_replicas: int, decode_replicas: int) -> Prediction:
     """Simulate the slice of this cluster and read its percentiles after the warm-up."""
+    result, simulated, window = run_slice(inputs, prefill_replicas, decode_replicas)
+    return read(result, inputs, prefill_replicas, decode_replicas, simulated, window)
+
+
+def run_slice(inputs: PlanInputs, prefill_replicas: int, decode_replicas: int
+              ) -> tuple[SimResult, tuple[int, int], tuple[float, float]]:
+    """The simulation of this cluster's slice at its share of the traffic: the result,
+    each pool's simulated replicas, and the window of arrivals to read (the steady part)."""
     sim_p, sim_d, share = slice_of(prefill_replicas, decode_replicas, inputs.slice_replicas)
     rate = inputs.engine_rate * share
     ramp = conversation_ramp_s(inputs)
     spec = replace(inputs.workload, rate=rate,
                    num_requests=max(1, round(rate * (inputs.sim_seconds + ramp))))
-    result = Simulation(cluster_spec(inputs, sim_p, sim_d),
-                        requests(spec, inputs.prefix_hit, inputs.answer_reuse),
+    cluster = cluster_spec(inputs, sim_p, sim_d)
+    if inputs.routers is not None:
+        cluster = replace(cluster, routers=replace(inputs.routers, replicas=max(
+            1, round(inputs.routers_per_decode * sim_d))))
+    result = Simulation(cluster, requests(spec, inputs.prefix_hit, inputs.answer_reuse),
                         random.Random(spec.seed)).run()
     # With conversations, read until the last first turn: later turns after it come
     # without the first turns of their time, a load falling off
     end = result.last_arrival_s if ramp else math.inf
-    return _read(result, inputs, prefill_replicas, decode_replicas, (sim_p, sim_d),
-                 (inputs.warmup_s + ramp, end))
+    return result, (sim_p, sim_d), (inputs.warmup_s + ramp, end)
 
 
 def conversation_ramp_s(inputs: PlanInputs) -> float:
@@ -129,7 +153,7 @@ def conversation_ramp_s(inputs: PlanInputs) -> float:
     return (workload.turns - 1) * (workload.think_s + answer_s)
 
 
-def _read(result: SimResult, inputs: PlanInputs, prefill_replicas: int,
+def read(result: SimResult, inputs: PlanInputs, prefill_replicas: int,
           decode_replicas: int, simulated: tuple[int, int],
           window: tuple[float, float]) -> Prediction:
     """The percentiles of the requests that arrived in ``window`` (the steady part of the
@@ -151,7 +175,8 @@ def _read(result: SimResult, inputs: PlanInputs, prefill_replicas: int,
          (("p50", 50), ("p95", 95), ("p99", 99))},
         percentile(before, 95) or 0.0, percentile(on_decode, 95) or 0.0,
         result.busy_s["prefill"] / (span * max(1, simulated[0])),
-        result.busy_s["decode"] / (span * max(1, simulated[1])))
+        result.busy_s["decode"] / (span * max(1, simulated[1])),
+        sum(o.path == "refused" for _, o in measured) / max(1, len(measured)))
 
 
 def weighted_percentile(samples: list[tuple[float, int]], q: float) -> float:

@@ -109,20 +109,33 @@ def diurnal_shape(peak_to_mean: float, night_share: float = 0.05,
     ``peak_to_mean`` times its mean: ``night_share`` of the peak all day, plus one evening
     bump (a von Mises curve, its concentration solved for the ratio). The reference
     scenario: 5,200 requests/s at peak against 75 M a day (868/s on average), a ratio of 6.
+    Hour 0 is the peak hour.
     """
+    kappa = diurnal_concentration(peak_to_mean, night_share, hours)
+    return [diurnal_share(h / hours, kappa, night_share) for h in range(hours)]
+
+
+def diurnal_share(day_fraction: float, kappa: float, night_share: float) -> float:
+    """The rate at ``day_fraction`` of a day after the peak, as a share of the peak's."""
+    return night_share + (1 - night_share) * math.exp(
+        kappa * (math.cos(2 * math.pi * day_fraction) - 1))
+
+
+def diurnal_concentration(peak_to_mean: float, night_share: float = 0.05,
+                          hours: int = 24) -> float:
+    """The bump's concentration that makes the mean of ``hours`` hourly rates the peak's
+    ``1 / peak_to_mean``."""
     if not 0 <= night_share < 1 / peak_to_mean <= 1:
         raise ValueError("need peak_to_mean >= 1 and night_share below 1 / peak_to_mean")
 
-    def shape(kappa: float) -> list[float]:
-        return [night_share + (1 - night_share)
-                * math.exp(kappa * (math.cos(2 * math.pi * h / hours) - 1))
-                for h in range(hours)]
+    def mean_share(kappa: float) -> float:
+        return sum(diurnal_share(h / hours, kappa, night_share) for h in range(hours)) / hours
 
     low, high = 0.0, 500.0
     for _ in range(100):
         kappa = (low + high) / 2
-        if hours / sum(shape(kappa)) < peak_to_mean:
+        if 1 / mean_share(kappa) < peak_to_mean:
             low = kappa
         else:
             high = kappa
-    return shape((low + high) / 2)
+    return (low + high) / 2

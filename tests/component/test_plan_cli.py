@@ -30,6 +30,22 @@ def test_a_plan_is_printed_and_written_as_figures_and_a_loadable_config(tmp_path
     assert config.prefill.replicas == answer["prefill"]["replicas"]
     assert (tmp_path / "plan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert config.decode.tensor_parallel_size == answer["decode"]["tp"] == 4
+    # the day under the written config's autoscalers (its targets are the plan's)
+    assert "GPU-hours a day under the autoscalers" in printed
+    assert set(answer["day"]) == {"as written", "without its standby windows"}
+    day = answer["day"]["as written"]
+    assert day["gpu_hours_total"] == pytest.approx(sum(day["gpu_hours"].values()))
+    for pool in ("prefill", "decode"):
+        fewest, most = day["replicas_fewest_most"][pool]
+        version = next(iter(config.versions))
+        assert config.scaling_bounds(version, pool).min_replicas <= fewest <= most
+        assert most >= answer[pool]["replicas"]          # the standby window holds the peak
+    assert config.autoscaling.prefill.tokens_per_s_per_replica != 12600   # prod-70b's own
+    assert len(day["timeline"]) == 24 * 60
+    # the windows hold the planned size, never less
+    assert answer["day"]["without its standby windows"]["gpu_hours_total"] <= \
+        day["gpu_hours_total"]
+    assert (tmp_path / "day.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_fp8_plans_need_fewer_gpus_and_set_the_kv_cache_dtype(tmp_path):

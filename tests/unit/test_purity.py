@@ -37,7 +37,7 @@ MUST_BE_PURE = [
     "cluster/bench/quality.py", "cluster/planner/model.py", "cluster/planner/hardware.py",
     "cluster/planner/cost_model.py", "cluster/planner/des.py", "cluster/planner/workload.py",
     "cluster/planner/search.py", "cluster/planner/output.py", "cluster/planner/fitted.py",
-    "cluster/planner/replay.py",
+    "cluster/planner/replay.py", "cluster/planner/day.py",
 ]
 
 

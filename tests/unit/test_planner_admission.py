@@ -1,0 +1,78 @@
+"""Admission in the planner's simulator: the router replicas admit with pdserve's own
+``AdmissionController``, so a request waits for budget, is refused when the queue is full
+or its wait too long, and every budget comes back to zero."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from cluster.planner.des import ClusterSpec, RouterTier, SimRequest, Simulation
+from router.admission import AdmissionPolicy
+
+
+def _tier(replicas: int = 1, budget: int = 200, queue: int = 4, wait_s: float = 60.0,
+          ) -> RouterTier:
+    return RouterTier(replicas, AdmissionPolicy(token_budget=budget, max_queue=queue,
+                                                max_wait_s=wait_s, retry_after_s=1,
+                                                max_queue_per_key=None, long_budget=None))
+
+
+def _spec(tier: RouterTier | None) -> ClusterSpec:
+    """One prefill and one decode replica, 10 ms a step each."""
+    return ClusterSpec(1, 1, lambda n, p, c: 0.01, lambda n, p, c: 0.01, lambda t: 0.0,
+                       routers=tier)
+
+
+# six requests at once, each 90 prompt + 10 answer tokens: a budget of 200 runs two
+BURST = [SimRequest(0.0, 90, 10) for _ in range(6)]
+
+
+def _drained(simulation: Simulation) -> bool:
+    return all(c.in_flight_tokens == 0 and c.queue_length == 0
+               for c in simulation._admission) and not any(simulation._in_router)
+
+
+def test_requests_beyond_the_budget_wait_for_it_and_all_finish():
+    simulation = Simulation(_spec(_tier()), BURST)
+    result = simulation.run()
+    assert all(o.e2e_s is not None for o in result.outcomes)
+    ttfts = sorted(o.ttft_s for o in result.outcomes)
+    # two at a time: each pair starts once the pair before it has answered
+    assert ttfts[2] > max(o.e2e_s for o in result.outcomes[:2])
+    assert ttfts[4] > ttfts[2]
+    assert _drained(simulation)
+
+
+def test_a_full_queue_refuses_and_a_long_wait_refuses_too():
+    simulation = Simulation(_spec(_tier(queue=1)), BURST)
+    result = simulation.run()
+    paths = [o.path for o in result.outcomes]
+    assert paths.count("refused") == 3                 # two run, one waits, three refused
+    assert sum(o.e2e_s is not None for o in result.outcomes) == 3
+    assert _drained(simulation)
+    # a wait shorter than the first pair's answers: the waiter is refused after it
+    simulation = Simulation(_spec(_tier(queue=1, wait_s=0.05)), BURST)
+    result = simulation.run()
+    assert [o.path for o in result.outcomes].count("refused") == 4
+    assert _drained(simulation)
+
+
+def test_a_refused_turn_ends_its_conversation():
+    first = [replace(r, conversation=i) for i, r in enumerate(BURST)]
+    later = [replace(first[i], prompt_tokens=120, follows=i, think_s=0.1) for i in range(6)]
+    simulation = Simulation(_spec(_tier(queue=1)), first + later)
+    result = simulation.run()
+    refused = {i for i, o in enumerate(result.outcomes[:6]) if o.path == "refused"}
+    assert len(refused) == 3
+    for i in range(6):
+        turn = result.outcomes[6 + i]
+        assert (turn.path == "") == (i in refused)       # never arrived
+    assert _drained(simulation)
+
+
+def test_a_tier_that_never_binds_changes_nothing():
+    work = [SimRequest(i * 0.02, 50 + i % 40, 5 + i % 7) for i in range(300)]
+    plain = Simulation(_spec(None), work).run()
+    tiered = Simulation(_spec(_tier(replicas=3, budget=10**6)), work).run()
+    assert [o.ttft_s for o in tiered.outcomes] == [o.ttft_s for o in plain.outcomes]
+    assert [o.e2e_s for o in tiered.outcomes] == [o.e2e_s for o in plain.outcomes]

@@ -1,0 +1,185 @@
+"""The planned cluster's day under pdserve's autoscaling policy (cluster/planner/day.py):
+sensors read off the simulator, the fleet sized by ``decide_app`` with start-up delays,
+drains, step limits and standby floors, and the targets ``pdserve plan`` writes."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cluster.autoscaling.config import (
+    AutoscalingConfig,
+    DecodeScalingConfig,
+    PrefillScalingConfig,
+    StandbySchedule,
+    StandbyWindow,
+)
+from cluster.autoscaling.policy import PoolLoad, ReplicaObservation, decode_needs, prefill_needs
+from cluster.config import parse_config
+from cluster.planner.day import (
+    DaySpec,
+    Sensed,
+    Sensors,
+    autoscaling_targets,
+    fitting_downscale_step,
+    sense,
+    simulate_day,
+)
+from cluster.planner.output import config_document
+from cluster.planner.search import search
+from cluster.slo import SLOConfig
+from tests.unit.test_planner import small_inputs
+
+REPO = Path(__file__).resolve().parents[2]
+PEAK_AT = 1_767_816_000.0        # 2026-01-07 20:00 UTC
+PLANNED = (40, 20)
+SLO = SLOConfig(ttft_p95_s=0.5, itl_p95_s=0.05)
+
+
+def _point(m: float) -> Sensed:
+    """One replica at ``m`` times its planned load: rates and queues in proportion, TTFT
+    over the SLO past 1.1 x the plan."""
+    return Sensed(
+        m,
+        ReplicaObservation(queued_prefill_tokens=100 * m, ttft_p95_s=0.05 + 0.1 * m,
+                           prompt_tokens_per_s=1000 * m),
+        ReplicaObservation(running_seqs=10 * m, kv_usage=0.3 * m, itl_p95_s=0.02 + 0.02 * m,
+                           output_tokens_per_s=500 * m),
+        ttft_p95_s=0.1 + 0.33 * m * m, on_decode_p95_s=0.02 + 0.01 * m, e2e_p99_s=20.0)
+
+
+SENSORS = Sensors(tuple(_point(m) for m in (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)))
+
+
+def _config(step: int = 4, delay_s: float = 60, cooldown_s: float = 120,
+            standby: StandbySchedule | None = None) -> AutoscalingConfig:
+    """Targets at which the throughput signal asks for exactly the planned counts at the
+    peak (a replica's planned load is 1000 prompt / 500 output tokens/s)."""
+    timing = {"max_downscale_step": step, "downscale_delay_s": delay_s,
+              "downscale_cooldown_s": cooldown_s, "min_replicas": 1, "max_replicas": 200,
+              "target_utilisation": 1.0}
+    return AutoscalingConfig(
+        prefill=PrefillScalingConfig(tokens_per_s_per_replica=1000,
+                                     target_queued_tokens_per_replica=10**6, standby=standby,
+                                     **timing),
+        decode=DecodeScalingConfig(output_tokens_per_s_per_replica=500,
+                                   target_running_seqs_per_replica=10**6, target_kv_usage=1.0,
+                                   standby=standby, **timing))
+
+
+def _day(config: AutoscalingConfig, **spec):
+    return simulate_day(DaySpec(peak_rate=100.0, peak_at_s=PEAK_AT, **spec), SENSORS,
+                        PLANNED, (4, 4), config, SLO)
+
+
+def test_sensors_interpolate_rates_to_zero_and_hold_latencies_at_the_ends():
+    half = SENSORS.at("prefill", 0.625)
+    assert half.prompt_tokens_per_s == pytest.approx(625)
+    assert half.ttft_p95_s == pytest.approx(0.1125)
+    idle = SENSORS.at("prefill", 0.1)
+    assert idle.prompt_tokens_per_s == pytest.approx(100)       # towards (0, 0)
+    assert idle.ttft_p95_s == pytest.approx(0.075)              # the lightest load's
+    assert SENSORS.at("decode", 5.0) == SENSORS.at("decode", 2.0)
+    assert SENSORS.at("decode", 1.0).itl_p95_s == pytest.approx(0.04)
+    # TTFT: exact where both pools are at one multiple; the decode part moves alone
+    assert SENSORS.ttft_p95_s(1.0, 1.0) == pytest.approx(0.43)
+    assert SENSORS.ttft_p95_s(1.0, 0.5) == pytest.approx(0.43 - 0.005)
+    for bad in ((), (_point(1.0), _point(0.5)), (_point(0.0),)):
+        with pytest.raises(ValueError):
+            Sensors(bad)
+
+
+def test_the_fleet_follows_the_rate_between_its_trough_and_the_plan():
+    day = _day(_config(), startup_s=120)
+    ideal = sum(day.ideal_gpu_hours.values())
+    assert ideal == pytest.approx(sum(
+        max(1, math.ceil(n * share)) for n in PLANNED
+        for share in (p.rate_share for p in day.timeline)) * 4 / 60, rel=0.02)
+    assert ideal <= sum(day.gpu_hours.values()) <= 1.5 * ideal
+    for pool, planned in zip(("prefill", "decode"), PLANNED, strict=True):
+        fewest, most = day.replicas[pool]
+        assert fewest <= math.ceil(planned * 0.05) + 1
+        assert planned <= most <= planned + 2
+        assert day.scale_events[pool]["up"] > 0 and day.scale_events[pool]["down"] > 0
+    assert day.hours_over_slo["itl"] == 0
+    assert day.hours_over_slo["ttft"] < 0.5
+    assert day.hours_beyond_sensors == 0
+    assert len(day.timeline) == 24 * 60
+    assert all(p.alive[pool] >= p.serving[pool] for p in day.timeline
+               for pool in ("prefill", "decode"))
+
+
+def test_step_limits_and_cool_downs_hold_gpus_after_the_peak():
+    fast = _day(_config())
+    slow = _day(_config(step=1, delay_s=300, cooldown_s=600))
+    assert sum(slow.gpu_hours.values()) > 1.2 * sum(fast.gpu_hours.values())
+    # one replica less per 10 minutes at most (and one draining a minute)
+    timeline = slow.timeline
+    for before, after in zip(timeline, timeline[60:], strict=False):
+        assert after.serving["prefill"] >= before.serving["prefill"] - 6
+
+
+def test_the_fitted_downscale_step_follows_the_day_down():
+    step = fitting_downscale_step(PLANNED[0], 600, peak_to_mean=6)
+    assert 1 < step < PLANNED[0] / 4
+    assert fitting_downscale_step(PLANNED[0], 60, peak_to_mean=6) < step
+    one = _day(_config(step=1, delay_s=300, cooldown_s=600))
+    fitted = _day(_config(step=step, delay_s=300, cooldown_s=600))
+    assert sum(fitted.gpu_hours.values()) < 0.8 * sum(one.gpu_hours.values())
+    night = [p for p in fitted.timeline if 18 <= p.hours_after_start < 20]  # 6 h after
+    assert night and all(p.alive["prefill"] <= 4 for p in night)           # the peak
+    assert any(p.alive["prefill"] > 4 for p in one.timeline if 18 <= p.hours_after_start)
+
+
+def test_replicas_that_start_slowly_miss_the_slo_on_the_rise():
+    quick = _day(_config(), startup_s=0)
+    slow = _day(_config(), startup_s=1800)
+    assert slow.hours_over_slo["ttft"] > quick.hours_over_slo["ttft"] + 0.25
+    during_start = [p for p in slow.timeline if p.alive["prefill"] > p.serving["prefill"]]
+    assert during_start, "a start-up shows as replicas alive that do not serve yet"
+
+
+def test_a_standby_window_holds_the_planned_size_through_the_peak():
+    window = StandbySchedule(timezone="UTC", ramp_minutes=30, windows=[
+        StandbyWindow(start="18:00", end="22:00", min_replicas=PLANNED[0])])
+    plain = _day(_config())
+    held = _day(_config().model_copy(update={"prefill": _config(standby=window).prefill}))
+    # 18:00-22:00 UTC: all asked for by 18:00 (the ramp), serving once started (5 min)
+    in_window = [p for p in held.timeline if 10 <= p.hours_after_start < 14]
+    assert in_window and all(p.alive["prefill"] >= PLANNED[0] for p in in_window)
+    assert all(p.serving["prefill"] >= PLANNED[0] for p in in_window
+               if p.hours_after_start >= 10 + 5 / 60)
+    assert any(p.serving["prefill"] < PLANNED[0] for p in in_window)
+    assert held.gpu_hours["prefill"] > plain.gpu_hours["prefill"]
+    assert held.gpu_hours["decode"] == pytest.approx(plain.gpu_hours["decode"], rel=0.05)
+
+
+def test_the_written_targets_ask_for_the_planned_size_at_its_peak():
+    plan = search(small_inputs(rate=30))
+    planned = (plan.prediction.prefill_replicas, plan.prediction.decode_replicas)
+    sensors = sense(plan, multiples=(0.5, 1.0))
+    peak = {pool: sensors.at(pool, 1.0) for pool in ("prefill", "decode")}
+    assert peak["decode"].running_seqs > 0 and 0 < peak["decode"].kv_usage <= 1
+    assert peak["prefill"].queued_prefill_tokens >= 0
+    assert sensors.points[-1].ttft_p95_s == pytest.approx(plan.prediction.ttft_s["p95"])
+    targets = autoscaling_targets(plan, sensors)
+    prefill = PrefillScalingConfig(**targets["prefill"])
+    decode = DecodeScalingConfig(**targets["decode"])
+    at_peak = {pool: PoolLoad((peak[pool],) * n)
+               for pool, n in zip(("prefill", "decode"), planned, strict=True)}
+    needs = {need.signal: need.replicas for need in prefill_needs(at_peak["prefill"], prefill)}
+    assert needs["throughput"] == pytest.approx(planned[0], rel=0.01)
+    assert needs["queue"] < planned[0]
+    needs = {need.signal: need.replicas for need in decode_needs(at_peak["decode"], decode)}
+    assert needs["throughput"] == pytest.approx(planned[1], rel=0.01)
+    assert max(needs["sequences"], needs["kv"]) <= planned[1]
+    # written into the base config, which pdserve loads; its night floor in proportion
+    base = yaml.safe_load((REPO / "ray_configs/prod-70b.yaml").read_text())
+    config = parse_config(config_document(plan, base, targets))
+    assert config.autoscaling.prefill.tokens_per_s_per_replica == \
+        targets["prefill"]["tokens_per_s_per_replica"]
+    assert config.autoscaling.prefill.min_replicas == math.ceil(planned[0] * 100 / 344)
+    assert config.autoscaling.decode.min_replicas == math.ceil(planned[1] * 40 / 126)
