@@ -9,9 +9,12 @@ at most, as the replicas' reports are, and run on engines that schedule like vLL
 
 - a step computes at most ``max_num_batched_tokens`` tokens: one for every running
   sequence first, then prompt chunks in arrival order (chunked prefill);
-- at most ``max_num_seqs`` sequences run, and a sequence is admitted only when the KV of
-  its prompt and its whole answer fits beside the running ones (no preemption: pdserve's
-  admission reserves the same);
+- at most ``max_num_seqs`` sequences run; a sequence is admitted when the KV of its prompt
+  fits beside the running ones, and its answer's KV grows a token a step. On a decode
+  engine, when the next step's tokens do not fit, the sequence admitted last is
+  preempted: its KV freed (its prompt's blocks kept in the prefix cache) and it waits at
+  the head of the queue to compute its prompt and its answer so far again (vLLM v1's
+  recompute preemption);
 - a step's time comes from the step cost model (cluster/planner/cost_model.py);
 - an engine keeps the KV blocks of finished sequences in its prefix cache (vLLM's: kept
   until their room is needed, least recently used out first), and a sequence it admits
@@ -209,6 +212,7 @@ class SimResult:
     # of the router's snapshot (at most one a report interval, at routing instants):
     # (time, pool, queued prompt tokens, running sequences, KV-cache use 0..1)
     reports: list[tuple[float, str, float, float, float]] = field(default_factory=list)
+    preemptions: int = 0                        # by the decode engines (recompute)
 
     def finished(self) -> list[Outcome]:
         return [o for o in self.outcomes if o.e2e_s is not None]
@@ -226,6 +230,19 @@ class _Seq:
     generated: int = 0
     admitted_s: float = 0.0
     chain: tuple[int, ...] = ()  # its prompt's full blocks (block_chain)
+    resumed: int = 0           # tokens it had generated when last preempted (recomputed)
+    last_token_s: float = 0.0
+
+    @property
+    def target(self) -> int:
+        """Tokens whose KV it computes before it decodes: its prompt, and after a
+        preemption its answer so far too."""
+        return self.prompt + self.resumed
+
+    @property
+    def held(self) -> int:
+        """KV tokens it holds once admitted (its answer's grow a token a step)."""
+        return self.prompt + self.generated
 
 
 class _PrefixCache:
@@ -264,7 +281,8 @@ class _Engine:
     busy: bool = False
     waiting: deque = field(default_factory=deque)   # _Seq not yet admitted
     running: list = field(default_factory=list)      # _Seq admitted (prefilling or decoding)
-    reserved: int = 0                                 # KV tokens reserved by running
+    reserved: int = 0                                 # KV tokens held by running
+    preemptions: int = 0
     busy_s: float = 0.0
     cache: _PrefixCache = field(default_factory=_PrefixCache)
     block_size: int = 16
@@ -272,12 +290,12 @@ class _Engine:
     prompt_tokens: dict = field(default_factory=lambda: dict.fromkeys(PROMPT_SOURCES, 0))
 
     def queued_prompt_tokens(self) -> int:
-        return (sum(s.prompt - s.computed for s in self.waiting)
-                + sum(s.prompt - s.computed for s in self.running if s.computed < s.prompt))
+        return (sum(s.target - s.computed for s in self.waiting)
+                + sum(s.target - s.computed for s in self.running if s.computed < s.target))
 
-    def admit(self, reserve: Callable[[_Seq], int], now: float) -> None:
+    def admit(self, now: float) -> None:
         while self.waiting and len(self.running) < self.limits.max_num_seqs:
-            need = reserve(self.waiting[0])
+            need = self.waiting[0].held
             if self.running and self.reserved + need > self.limits.kv_capacity_tokens:
                 return
             seq = self.waiting.popleft()
@@ -290,18 +308,33 @@ class _Engine:
 
     def _look_up(self, seq: _Seq) -> None:
         """A sequence that still has its prompt to compute starts after its cached head
-        (the engine computes at least the last prompt token)."""
-        if seq.computed >= seq.prompt:
+        (the engine computes at least the last prompt token). A preempted one's second
+        admission is not counted again."""
+        if seq.computed >= seq.target:
             return
         held = min(self.cache.hit(seq.chain) * self.block_size, seq.prompt - 1)
         seq.computed = max(seq.computed, held)
-        self.prompt_tokens["cached"] += seq.computed
-        self.prompt_tokens["computed"] += seq.prompt - seq.computed
+        if not seq.resumed:
+            self.prompt_tokens["cached"] += seq.computed
+            self.prompt_tokens["computed"] += seq.prompt - seq.computed
+
+    def make_room(self) -> None:
+        """Preempt the latest admitted sequences until the next step's new KV fits (one
+        token for each decoding sequence); one sequence alone is never preempted."""
+        while len(self.running) > 1 and self.reserved + sum(
+                1 for s in self.running if s.computed >= s.target) \
+                > self.limits.kv_capacity_tokens:
+            victim = self.running.pop()
+            self.reserved -= victim.held
+            self.cache.keep(victim.chain)
+            victim.resumed, victim.computed = victim.generated, 0
+            self.waiting.appendleft(victim)
+            self.preemptions += 1
 
     def plan_step(self, decoding: bool) -> tuple[list, list, int, float, int]:
         """(sequences decoding, (seq, chunk) prefilling, new tokens, pairs, context)."""
         budget = self.limits.max_num_batched_tokens
-        decoders = [s for s in self.running if s.computed >= s.prompt] if decoding else []
+        decoders = [s for s in self.running if s.computed >= s.target] if decoding else []
         budget -= len(decoders)
         chunks = []
         pairs = float(sum(s.prompt + s.generated for s in decoders))
@@ -309,8 +342,8 @@ class _Engine:
         for seq in self.running:
             if budget <= 0:
                 break
-            if seq.computed < seq.prompt:
-                chunk = min(budget, seq.prompt - seq.computed)
+            if seq.computed < seq.target:
+                chunk = min(budget, seq.target - seq.computed)
                 chunks.append((seq, chunk))
                 pairs += prefill_pairs(chunk, seq.computed)
                 context += seq.computed
@@ -392,7 +425,7 @@ class Simulation:
                          self._last_arrival,
                          self._concurrency, self.now, self.arrivals,
                          {"prefill": _summed(self.prefill), "decode": _summed(self.decode)},
-                         self.reports)
+                         self.reports, sum(e.preemptions for e in self.decode))
 
     # -- routing: pdserve's policies on load snapshots ---------------------------------
 
@@ -498,7 +531,9 @@ class Simulation:
         router = self._router_of.pop(index)
         self._in_router[router] -= 1
         for admitted in self._admission[router].release(index):
-            self._route(admitted)
+            # routed as an event of its own: this runs inside an engine's step, which
+            # must finish before anything reaches that engine
+            self._at(self.now, lambda i=admitted: self._route(i))
 
     def _route(self, index: int) -> None:
         request = self.requests[index]
@@ -548,10 +583,10 @@ class Simulation:
     def _kick(self, engine: _Engine, decoding: bool) -> None:
         if engine.busy:
             return
-        reserve = (lambda s: s.prompt + s.output) if decoding else (lambda s: s.prompt)
         before = len(engine.running)
-        engine.admit(reserve, self.now)
+        engine.admit(self.now)
         if decoding:
+            engine.make_room()
             self._count_decode(len(engine.running) - before)
         decoders, chunks, new, pairs, context = engine.plan_step(decoding)
         if new == 0:
@@ -566,19 +601,25 @@ class Simulation:
     def _stepped(self, engine: _Engine, decoding: bool, decoders: list, chunks: list,
                  took: float) -> None:
         engine.busy = False
-        done = []
+        done, resumed = [], []
         for seq, chunk in chunks:
             seq.computed += chunk
-            if seq.computed >= seq.prompt:
-                if decoding:
-                    decoders.append(seq)    # the step that ends its prompt samples a token
-                else:
+            if seq.computed >= seq.target:
+                if not decoding:
                     done.append(seq)
+                elif seq.generated:          # recomputed after a preemption
+                    resumed.append(seq)
+                else:
+                    decoders.append(seq)    # the step that ends its prompt samples a token
         later = sum(1 for seq in decoders if seq.generated)   # a first token is no gap
         if later:
             self.gaps.append((self.now, took, later))
-        for seq in decoders:
+        # a preempted sequence's next token comes after its wait and its recompute
+        self.gaps.extend((self.now, self.now - seq.last_token_s, 1) for seq in resumed)
+        for seq in decoders + resumed:
             seq.generated += 1
+            seq.last_token_s = self.now
+            engine.reserved += 1
             outcome = self.outcomes[seq.index]
             since = self.now - self.arrivals[seq.index]
             if seq.generated == 1:
@@ -589,7 +630,7 @@ class Simulation:
                 done.append(seq)
         for seq in done:
             engine.running.remove(seq)
-            engine.reserved -= (seq.prompt + seq.output) if decoding else seq.prompt
+            engine.reserved -= seq.held
             if decoding:
                 self._answered(engine, seq)
             else:

@@ -76,3 +76,19 @@ def test_a_tier_that_never_binds_changes_nothing():
     tiered = Simulation(_spec(_tier(replicas=3, budget=10**6)), work).run()
     assert [o.ttft_s for o in tiered.outcomes] == [o.ttft_s for o in plain.outcomes]
     assert [o.e2e_s for o in tiered.outcomes] == [o.e2e_s for o in plain.outcomes]
+
+
+def test_a_waiter_admitted_by_an_answer_on_its_own_decode_engine_runs_once():
+    """Decode-local requests (under the threshold) on one decode engine, two at a time,
+    finishing in the same step (the second starts a step later with an answer a token
+    shorter): the waiter the first one's answer admits goes to the engine that answered
+    while the second is still in that step."""
+    work = [SimRequest(0.0, 90, 11 - i % 2) for i in range(6)]
+    spec = replace(_spec(_tier(budget=201, queue=8)), prefill_replicas=0, threshold_tokens=512)
+    simulation = Simulation(spec, work)
+    result = simulation.run()
+    assert all(o.path == "decode_local" and o.e2e_s is not None for o in result.outcomes)
+    assert result.outcomes[0].e2e_s == result.outcomes[1].e2e_s
+    gaps = sum(count for _, _, count in result.token_gaps)
+    assert gaps == sum(r.output_tokens - 1 for r in work)     # each token counted once
+    assert _drained(simulation)
