@@ -18,6 +18,7 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import replace
 
 from cluster.planner import cli as plan_cli
 from cluster.planner.des import ClusterSpec, EngineLimits, SimRequest, Simulation
@@ -53,16 +54,21 @@ def main() -> None:
               f"{statistics.mean(errors):+.2%} |")
 
     print("\n## 2. The step cost model against the closed form (B2)")
+    # The closed form has no all-reduce term: compared without it, then shown with it
     model, cost = inputs.decode_cost.model, inputs.decode_cost
+    bare = replace(cost, allreduce_efficiency=0.0)
     flops = model.matmul_flops(500) + model.attention_flops(prefill_pairs(500))
     prefill_gpus = 5200 * flops / (cost.accelerator.flops(cost.compute_dtype) * cost.mfu)
-    step = cost.step_time(608, 608 * 650, 608 * 650)
+    step = bare.step_time(608, 608 * 650, 608 * 650)
     decode_gpus = 5200 * 300 / (608 / step) * cost.tp
     print("| figure | closed form | planner |\n|---|---|---|")
     print(f"| prefill FLOPs, 500 tokens | 70.9 T | {flops / 1e12:.1f} T |")
     print(f"| prefill GPUs at 50% MFU, every request | 745 | {prefill_gpus:.0f} |")
     print(f"| TP{cost.tp} decode step, batch 608 | 46 ms | {step * 1000:.1f} ms |")
     print(f"| decode GPUs at that batch | ~476 | {decode_gpus:.0f} |")
+    with_allreduce = cost.step_time(608, 608 * 650, 608 * 650)
+    print(f"| the same step with its 160 all-reduces (the planner's default) | | "
+          f"{with_allreduce * 1000:.1f} ms |")
 
     plan = search(inputs)
     chosen = plan.prediction

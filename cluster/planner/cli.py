@@ -96,6 +96,11 @@ def add_parser(commands) -> None:
     plan.add_argument("--mfu", type=float, default=0.5)
     plan.add_argument("--mbu", type=float, default=0.8)
     plan.add_argument("--step-overhead-ms", type=float, default=3.0)
+    plan.add_argument("--allreduce-latency-us", type=float, default=8.0,
+                      help="each tensor-parallel all-reduce's latency (two a layer a step)")
+    plan.add_argument("--allreduce-efficiency", type=float, default=0.8,
+                      help="of the peer links' bandwidth an all-reduce reaches (0: none, "
+                      "as a roofline without all-reduces)")
     plan.add_argument("--peak-to-mean", type=float, default=6.0,
                       help="the day's peak rate over its mean (GPU-hours a day)")
     plan.add_argument("--no-admission", dest="admission", action="store_false",
@@ -170,7 +175,9 @@ def inputs_from(args):
     def cost(tp: int) -> Roofline:
         return Roofline(model, accelerator, tp=tp, compute_dtype=dtype, kv_dtype=dtype,
                         mfu=args.mfu, mbu=args.mbu,
-                        step_overhead_s=args.step_overhead_ms / 1000)
+                        step_overhead_s=args.step_overhead_ms / 1000,
+                        allreduce_latency_s=args.allreduce_latency_us / 1e6,
+                        allreduce_efficiency=args.allreduce_efficiency)
 
     routers, routers_per_decode = _router_tier(args)
     return PlanInputs(
@@ -405,8 +412,9 @@ def _size(args) -> int:
 
 def _document_and_day(args, plan):
     """The planned cluster's config (loadable, or this fails) and, unless ``--no-day``,
-    its day under that config's autoscalers, as written and, when it has standby
-    windows, without them (None when it has no autoscalers)."""
+    its day under that config's autoscalers: as written, without its standby windows,
+    and without its night floors either (the policy's own cost), the last two when it
+    has them (None when it has no autoscalers)."""
     import yaml
 
     from cluster.config import parse_config
@@ -435,11 +443,17 @@ def _document_and_day(args, plan):
             (plan.inputs.prefill_cost.tp, plan.inputs.decode_cost.tp), autoscaling,
             config.slo, bounds)
 
+    def without(**fields):
+        return config.autoscaling.model_copy(update={
+            pool: getattr(config.autoscaling, pool).model_copy(update=fields)
+            for pool in ("prefill", "decode")})
+
     days = {"as written": day_under(config.autoscaling)}
     if config.autoscaling.prefill.standby or config.autoscaling.decode.standby:
-        days["without its standby windows"] = day_under(config.autoscaling.model_copy(update={
-            pool: getattr(config.autoscaling, pool).model_copy(update={"standby": None})
-            for pool in ("prefill", "decode")}))
+        days["without its standby windows"] = day_under(without(standby=None))
+    if any(bound.min_replicas > 1 for bound in bounds.values()):
+        bounds = {pool: bound.overridden(min_replicas=1) for pool, bound in bounds.items()}
+        days["nor its night floors"] = day_under(without(standby=None, min_replicas=1))
     return document, days
 
 

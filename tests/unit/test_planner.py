@@ -60,20 +60,38 @@ def test_llama_70b_has_the_published_size_and_kv_per_token():
 
 
 def test_the_roofline_reproduces_the_independent_closed_form_within_ten_percent():
-    decode = Roofline(LLAMA, H100, tp=4)                 # MFU 0.5, MBU 0.8, 3 ms a step
+    # MFU 0.5, MBU 0.8, 3 ms a step; the closed form has no all-reduce term
+    decode = Roofline(LLAMA, H100, tp=4, allreduce_efficiency=0)
     batch, context = 608, 650
     step = decode.step_time(batch, batch * context, batch * context)
     assert step == pytest.approx(0.046, rel=0.05)
     decode_gpus = 5200 * 300 / (batch / step) * 4
     assert decode_gpus == pytest.approx(476, rel=0.10)
-    prefill = Roofline(LLAMA, H100, tp=4)
+    prefill = Roofline(LLAMA, H100, tp=4, allreduce_efficiency=0)
     step = prefill.step_time(2048, 4 * prefill_pairs(512), 0)
     prefill_gpus = 5200 * 500 / (2048 / step) * 4
     assert prefill_gpus == pytest.approx(745, rel=0.10)
 
 
+def test_tensor_parallel_all_reduces_cost_two_a_layer_and_grow_with_tp_and_tokens():
+    """Ring all-reduces of a step's activations, 160 for Llama-3.1-70B: each moves
+    2 (tp - 1) / tp of n x 8192 bf16 values at 0.8 x 450 GB/s after 8 us."""
+    def ring(tp: int, tokens: int) -> float:
+        return 160 * (8e-6 + 2 * (tp - 1) / tp * tokens * 8192 * 2 / (0.8 * 450e9))
+
+    four, eight = Roofline(LLAMA, H100, tp=4), Roofline(LLAMA, H100, tp=8)
+    assert four.allreduce_s(608) == pytest.approx(ring(4, 608))
+    assert eight.allreduce_s(608) == pytest.approx(ring(8, 608))
+    assert eight.allreduce_s(608) > four.allreduce_s(608)
+    assert four.allreduce_s(2048) > 3 * four.allreduce_s(256)
+    assert Roofline(LLAMA, H100, tp=1).allreduce_s(608) == 0
+    bare = Roofline(LLAMA, H100, tp=4, allreduce_efficiency=0)
+    assert four.step_time(608, 608 * 650, 608 * 650) == pytest.approx(
+        bare.step_time(608, 608 * 650, 608 * 650) + ring(4, 608))
+
+
 def test_a_small_decode_step_is_bound_by_memory_and_a_large_one_by_compute():
-    decode = Roofline(LLAMA, H100, tp=4, step_overhead_s=0)
+    decode = Roofline(LLAMA, H100, tp=4, step_overhead_s=0, allreduce_efficiency=0)
     weights_read = LLAMA.weight_bytes("bf16") / (4 * H100.memory_bandwidth * 0.8)
     assert decode.step_time(1, 500, 500) == pytest.approx(weights_read, rel=0.01)
     assert decode.step_time(2000, 2000 * 600, 2000 * 600) > 3 * weights_read
