@@ -221,7 +221,7 @@ class SimResult:
 # ---------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(eq=False)     # one sequence is itself only (and list.remove compares cheaply)
 class _Seq:
     index: int
     prompt: int
@@ -232,12 +232,17 @@ class _Seq:
     chain: tuple[int, ...] = ()  # its prompt's full blocks (block_chain)
     resumed: int = 0           # tokens it had generated when last preempted (recomputed)
     last_token_s: float = 0.0
+    # Tokens whose KV it computes before it decodes: its prompt, and after a preemption
+    # its answer so far too (a field, not a property: read for every sequence every step)
+    target: int = field(init=False)
 
-    @property
-    def target(self) -> int:
-        """Tokens whose KV it computes before it decodes: its prompt, and after a
-        preemption its answer so far too."""
-        return self.prompt + self.resumed
+    def __post_init__(self) -> None:
+        self.target = self.prompt + self.resumed
+
+    def preempted(self) -> None:
+        """Its KV is gone: it computes its prompt and its answer so far again."""
+        self.resumed, self.computed = self.generated, 0
+        self.target = self.prompt + self.resumed
 
     @property
     def held(self) -> int:
@@ -321,13 +326,15 @@ class _Engine:
     def make_room(self) -> None:
         """Preempt the latest admitted sequences until the next step's new KV fits (one
         token for each decoding sequence); one sequence alone is never preempted."""
+        capacity = self.limits.kv_capacity_tokens
+        if self.reserved + len(self.running) <= capacity:    # the common case, at once
+            return
         while len(self.running) > 1 and self.reserved + sum(
-                1 for s in self.running if s.computed >= s.target) \
-                > self.limits.kv_capacity_tokens:
+                1 for s in self.running if s.computed >= s.target) > capacity:
             victim = self.running.pop()
             self.reserved -= victim.held
             self.cache.keep(victim.chain)
-            victim.resumed, victim.computed = victim.generated, 0
+            victim.preempted()
             self.waiting.appendleft(victim)
             self.preemptions += 1
 
@@ -337,8 +344,8 @@ class _Engine:
         decoders = [s for s in self.running if s.computed >= s.target] if decoding else []
         budget -= len(decoders)
         chunks = []
-        pairs = float(sum(s.prompt + s.generated for s in decoders))
         context = sum(s.prompt + s.generated for s in decoders)
+        pairs = float(context)
         for seq in self.running:
             if budget <= 0:
                 break
@@ -611,23 +618,26 @@ class Simulation:
                     resumed.append(seq)
                 else:
                     decoders.append(seq)    # the step that ends its prompt samples a token
-        later = sum(1 for seq in decoders if seq.generated)   # a first token is no gap
-        if later:
-            self.gaps.append((self.now, took, later))
+        now = self.now
         # a preempted sequence's next token comes after its wait and its recompute
-        self.gaps.extend((self.now, self.now - seq.last_token_s, 1) for seq in resumed)
+        self.gaps.extend((now, now - seq.last_token_s, 1) for seq in resumed)
+        later = 0                      # tokens after a sequence's first: each a gap
         for seq in decoders + resumed:
+            if seq.generated:
+                later += 1
             seq.generated += 1
-            seq.last_token_s = self.now
-            engine.reserved += 1
-            outcome = self.outcomes[seq.index]
-            since = self.now - self.arrivals[seq.index]
+            seq.last_token_s = now
             if seq.generated == 1:
-                outcome.ttft_s = since
+                self.outcomes[seq.index].ttft_s = now - self.arrivals[seq.index]
             if seq.generated >= seq.output:
-                outcome.e2e_s = since
-                outcome.decode_s = self.now - seq.admitted_s
+                outcome = self.outcomes[seq.index]
+                outcome.e2e_s = now - self.arrivals[seq.index]
+                outcome.decode_s = now - seq.admitted_s
                 done.append(seq)
+        later -= len(resumed)          # theirs are above
+        if later:
+            self.gaps.append((now, took, later))
+        engine.reserved += len(decoders) + len(resumed)
         for seq in done:
             engine.running.remove(seq)
             engine.reserved -= seq.held
