@@ -131,7 +131,7 @@ def test_the_fitted_downscale_step_follows_the_day_down():
     assert sum(fitted.gpu_hours.values()) < 0.8 * sum(one.gpu_hours.values())
     night = [p for p in fitted.timeline if 18 <= p.hours_after_start < 20]  # 6 h after
     assert night and all(p.alive["prefill"] <= 4 for p in night)           # the peak
-    assert any(p.alive["prefill"] > 4 for p in one.timeline if 18 <= p.hours_after_start)
+    assert any(p.alive["prefill"] > 4 for p in one.timeline if p.hours_after_start >= 18)
 
 
 def test_replicas_that_start_slowly_miss_the_slo_on_the_rise():
