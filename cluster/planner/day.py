@@ -187,6 +187,12 @@ class DaySpec:
     tick_s: float = 10.0              # how often replicas report and the policy decides
     days: int = 2                     # simulated from a trough; the last one is read
 
+    def __post_init__(self) -> None:
+        if self.peak_rate <= 0 or self.tick_s <= 0 or self.days < 1:
+            raise ValueError("a day needs a positive peak rate and tick, and one day or more")
+        if self.startup_s < 0 or self.drain_s < 0:
+            raise ValueError("a replica's start-up and drain times are 0 or more seconds")
+
 
 @dataclass
 class _PoolFleet:
