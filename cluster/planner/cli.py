@@ -431,8 +431,7 @@ def _document_and_day(args, plan):
     if sensors is None or config.autoscaling is None or not config.autoscaling.enabled:
         return document, None
     version = next(iter(config.versions))
-    spec = DaySpec(peak_rate=plan.inputs.engine_rate,
-                   peak_at_s=_peak_epoch(args.peak_at, config.autoscaling),
+    spec = DaySpec(peak_at_s=_peak_epoch(args.peak_at, config.autoscaling),
                    peak_to_mean=args.peak_to_mean, startup_s=args.startup_s,
                    drain_s=next(p for p in sensors.points if p.multiple >= 1.0).e2e_p99_s)
     bounds = {pool: config.scaling_bounds(version, pool) for pool in ("prefill", "decode")}

@@ -47,8 +47,15 @@ from cluster.autoscaling.policy import (
 )
 from cluster.percentile import percentile
 from cluster.planner.des import SimResult
-from cluster.planner.search import Plan, Prediction, read, run_slice
-from cluster.planner.workload import diurnal_concentration, diurnal_share
+from cluster.planner.search import (
+    Plan,
+    Prediction,
+    arrived_in,
+    best_decode_batch,
+    read,
+    run_slice,
+)
+from cluster.planner.workload import diurnal_concentration, diurnal_share, mean_lengths
 from cluster.slo import SLOConfig
 
 DAY_S = 86_400.0
@@ -151,9 +158,7 @@ def sensed(multiple: float, result: SimResult, prediction: Prediction,
         values = [r[column] for r in result.reports if r[1] == pool and start <= r[0] <= end]
         return sum(values) / len(values) if values else 0.0
 
-    read_in = [(request, outcome) for request, outcome, arrival in zip(
-        result.requests, result.outcomes, result.arrivals, strict=True)
-        if start <= arrival <= end]
+    read_in = arrived_in(result, (start, end))
     prefilled = sorted(o.prefill_done_s for _, o in read_in if o.prefill_done_s is not None)
     answers = sorted(o.e2e_s if o.e2e_s is not None else math.inf for _, o in read_in)
     prefill = ReplicaObservation(
@@ -178,7 +183,6 @@ class DaySpec:
     """The day: its rate curve (``workload.diurnal_share``), anchored at an instant of
     its peak, and how long replicas take to start and to drain."""
 
-    peak_rate: float                  # requests/s reaching the engines at the peak
     peak_at_s: float                  # epoch seconds of a peak (the curve repeats daily)
     peak_to_mean: float = 6.0
     night_share: float = 0.05
@@ -188,8 +192,8 @@ class DaySpec:
     days: int = 2                     # simulated from a trough; the last one is read
 
     def __post_init__(self) -> None:
-        if self.peak_rate <= 0 or self.tick_s <= 0 or self.days < 1:
-            raise ValueError("a day needs a positive peak rate and tick, and one day or more")
+        if self.tick_s <= 0 or self.days < 1:
+            raise ValueError("a day needs a positive tick, and one day or more")
         if self.startup_s < 0 or self.drain_s < 0:
             raise ValueError("a replica's start-up and drain times are 0 or more seconds")
 
@@ -239,11 +243,10 @@ class _PoolFleet:
 
 
 def _mean(observations: list[ReplicaObservation]) -> ReplicaObservation:
-    values = {}
-    for f in fields(ReplicaObservation):
-        known = [v for o in observations if (v := getattr(o, f.name)) is not None]
-        values[f.name] = sum(known) / len(known) if known else None
-    return ReplicaObservation(**values)
+    """Each field's mean over the reports that have it (``PoolLoad.mean``)."""
+    reports = PoolLoad(tuple(observations))
+    return ReplicaObservation(**{f.name: reports.mean(f.name)
+                                 for f in fields(ReplicaObservation)})
 
 
 @dataclass(frozen=True)
@@ -379,9 +382,6 @@ def autoscaling_targets(plan: Plan, sensors: Sensors) -> dict[str, dict[str, flo
     largest batch whose step stays within the ITL objective (``best_decode_batch``), the
     sequences target that batch.
     """
-    from cluster.planner.search import best_decode_batch
-    from cluster.planner.workload import mean_lengths
-
     inputs = plan.inputs
     prefill, decode = sensors.at("prefill", 1.0), sensors.at("decode", 1.0)
     busy = min(0.95, max(0.05, plan.prediction.prefill_busy))

@@ -165,8 +165,8 @@ def day_figures(day: DayResult) -> dict[str, Any]:
 
 
 def day_table(days: dict[str, dict[str, Any]]) -> str:
-    """Each simulated day (the written config, and without its standby windows) beside
-    the plan scaled to the rate."""
+    """Each simulated day (the written config, and its variants without standby windows
+    and night floors) beside the plan scaled to the rate."""
     names = list(days)
     first = days[names[0]]
     rows = [("the plan scaled to the rate: GPU-hours",

@@ -21,7 +21,9 @@ from cluster.planner.des import (
     AnswerReuse,
     ClusterSpec,
     EngineLimits,
+    Outcome,
     RouterTier,
+    SimRequest,
     SimResult,
     Simulation,
 )
@@ -154,14 +156,12 @@ def conversation_ramp_s(inputs: PlanInputs) -> float:
 
 
 def read(result: SimResult, inputs: PlanInputs, prefill_replicas: int,
-          decode_replicas: int, simulated: tuple[int, int],
-          window: tuple[float, float]) -> Prediction:
+         decode_replicas: int, simulated: tuple[int, int],
+         window: tuple[float, float]) -> Prediction:
     """The percentiles of the requests that arrived in ``window`` (the steady part of the
     run) and of the steps in it."""
     start, end = window
-    measured = [(request, outcome) for request, outcome, arrival in zip(
-        result.requests, result.outcomes, result.arrivals, strict=True)
-        if start <= arrival <= end]
+    measured = arrived_in(result, window)
     ttfts = sorted(o.ttft_s if o.ttft_s is not None else math.inf for _, o in measured)
     gaps = [(took, count) for at, took, count in result.token_gaps if start <= at <= end]
     span = max(result.last_arrival_s, 1e-9)
@@ -177,6 +177,15 @@ def read(result: SimResult, inputs: PlanInputs, prefill_replicas: int,
         result.busy_s["prefill"] / (span * max(1, simulated[0])),
         result.busy_s["decode"] / (span * max(1, simulated[1])),
         sum(o.path == "refused" for _, o in measured) / max(1, len(measured)))
+
+
+def arrived_in(result: SimResult, window: tuple[float, float]
+               ) -> list[tuple[SimRequest, Outcome]]:
+    """The requests of ``result`` that arrived in ``window``, with their outcomes."""
+    start, end = window
+    return [(request, outcome) for request, outcome, arrival in zip(
+        result.requests, result.outcomes, result.arrivals, strict=True)
+        if start <= arrival <= end]
 
 
 def weighted_percentile(samples: list[tuple[float, int]], q: float) -> float:

@@ -71,7 +71,7 @@ def _config(step: int = 4, delay_s: float = 60, cooldown_s: float = 120,
 
 
 def _day(config: AutoscalingConfig, **spec):
-    return simulate_day(DaySpec(peak_rate=100.0, peak_at_s=PEAK_AT, **spec), SENSORS,
+    return simulate_day(DaySpec(peak_at_s=PEAK_AT, **spec), SENSORS,
                         PLANNED, (4, 4), config, SLO)
 
 
