@@ -411,8 +411,9 @@ def _size(args) -> int:
 
 
 def _document_and_day(args, plan):
-    """The planned cluster's config (loadable, or this fails) and, unless ``--no-day``,
-    its day under that config's autoscalers: as written, without its standby windows,
+    """The planned cluster's config (loadable, or this fails; its autoscaling targets
+    fitted to the plan either way) and, unless ``--no-day``, its day under that config's
+    autoscalers: as written, without its standby windows,
     and without its night floors either (the policy's own cost), the last two when it
     has them (None when it has no autoscalers)."""
     import yaml
@@ -422,13 +423,18 @@ def _document_and_day(args, plan):
     from cluster.planner.output import config_document
 
     base = yaml.safe_load(args.base_config.read_text())
-    sensors = sense(plan) if args.day else None
+    parsed = parse_config(base, source=str(args.base_config))
+    # The written targets need the planned load only; the day needs the loads around it
+    sensors = None
+    if args.day:
+        sensors = sense(plan)
+    elif parsed.autoscaling is not None:
+        sensors = sense(plan, multiples=(1.0,))
     targets = autoscaling_targets(plan, sensors) if sensors else {}
-    _add_downscale_steps(args, plan, parse_config(base, source=str(args.base_config)),
-                         targets)
+    _add_downscale_steps(args, plan, parsed, targets)
     document = config_document(plan, base, targets)
     config = parse_config(document, source="the planned cluster")
-    if sensors is None or config.autoscaling is None or not config.autoscaling.enabled:
+    if not args.day or config.autoscaling is None or not config.autoscaling.enabled:
         return document, None
     version = next(iter(config.versions))
     spec = DaySpec(peak_at_s=_peak_epoch(args.peak_at, config.autoscaling),

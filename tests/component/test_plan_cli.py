@@ -50,13 +50,21 @@ def test_a_plan_is_printed_and_written_as_figures_and_a_loadable_config(tmp_path
 
 def test_fp8_plans_need_fewer_gpus_and_set_the_kv_cache_dtype(tmp_path):
     assert main(["plan", "--rate", "400", "--slice-replicas", "4", "--sim-seconds", "20",
-                 "--out", str(tmp_path / "bf16")]) == 0
+                 "--no-day", "--out", str(tmp_path / "bf16")]) == 0
     assert main(["plan", "--rate", "400", "--slice-replicas", "4", "--sim-seconds", "20",
-                 "--fp8", "--out", str(tmp_path / "fp8")]) == 0
+                 "--no-day", "--fp8", "--out", str(tmp_path / "fp8")]) == 0
     bf16, fp8 = (json.loads((tmp_path / name / "plan.json").read_text())
                  for name in ("bf16", "fp8"))
     assert fp8["gpus"] < bf16["gpus"]
-    assert load_config(tmp_path / "fp8" / "pdserve.yaml").engine.kv_cache_dtype == "fp8"
+    assert "day" not in bf16
+    written = {name: load_config(tmp_path / name / "pdserve.yaml") for name in ("bf16", "fp8")}
+    assert written["fp8"].engine.kv_cache_dtype == "fp8"
+    # without the day, the autoscaling targets are still the plan's, not prod-70b's own
+    scaling = {name: config.autoscaling for name, config in written.items()}
+    assert scaling["bf16"].prefill.tokens_per_s_per_replica != 12600
+    assert scaling["bf16"].decode.output_tokens_per_s_per_replica != 14700
+    assert scaling["fp8"].prefill.tokens_per_s_per_replica > \
+        scaling["bf16"].prefill.tokens_per_s_per_replica       # fp8 computes faster
 
 
 def test_several_thresholds_and_tps_are_each_planned_and_the_cheapest_kept(tmp_path, capsys):
