@@ -9,6 +9,7 @@ latencies, and writes them with a pdserve config of that cluster. docs/planning.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -106,7 +107,7 @@ def add_parser(commands) -> None:
     plan.add_argument("--no-admission", dest="admission", action="store_false",
                       help="admit every request at once, not through the base config's "
                       "router replicas and their admission budgets")
-    plan.add_argument("--max-tokens", type=int, default=None,
+    plan.add_argument("--max-tokens", type=_positive, default=None,
                       help="the max_tokens each request asks for, which admission "
                       "reserves (default: the base config's router.default_max_tokens)")
     plan.add_argument("--no-day", dest="day", action="store_false",
@@ -114,7 +115,7 @@ def add_parser(commands) -> None:
     plan.add_argument("--peak-at", default="20:00",
                       help="the day's peak, local time (HH:MM) in the time zone of the "
                       "base config's standby windows (UTC without)")
-    plan.add_argument("--downscale-step", type=int, default=None,
+    plan.add_argument("--downscale-step", type=_positive, default=None,
                       help="the written config's max_downscale_step for both pools "
                       "(default: what the planned size needs to follow the day down)")
     plan.add_argument("--startup-s", type=float, default=300.0,
@@ -142,6 +143,14 @@ def load_model_config(name: str) -> dict:
         raise SystemExit(f"pdserve plan: no model {name!r} (llama-3.1-70b, or a "
                          "checkpoint folder or config.json)")
     return json.loads(path.read_text())
+
+
+def _positive(text: str) -> int:
+    """An integer of 1 or more (argparse refuses anything else with this message)."""
+    number = int(text)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"wants 1 or more, not {number}")
+    return number
 
 
 def _numbers(text: str) -> tuple[int, ...]:

@@ -92,6 +92,7 @@ def test_several_thresholds_and_tps_are_each_planned_and_the_cheapest_kept(tmp_p
     (["--peak-at", "25:00"], "--peak-at wants HH:MM, not '25:00'"),
     (["--startup-s", "-1"], "start-up and drain times are 0 or more"),
     (["--allreduce-efficiency", "2"], "efficiency in [0, 1] required"),
+    (["--max-tokens", "-5"], "wants 1 or more, not -5"),
 ])
 def test_what_cannot_be_planned_is_refused_with_a_message(option, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
