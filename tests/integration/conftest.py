@@ -86,10 +86,14 @@ def _ready_or_fail(server: processes.ManagedServer) -> None:
 
 
 def _wait_for_exit(before: set[tuple[int, str]], timeout_s: float = 30) -> set:
-    # Ray reaps its workers asynchronously after ray.shutdown() returns.
+    # Ray reaps its workers asynchronously after ray.shutdown() returns. Processes are
+    # told apart by pid alone: a Ray worker's title (its cmdline) changes while it runs a
+    # task ("ray::ProxyActor" <-> "ray::ProxyActor.<method>"), so an older cluster's
+    # process would otherwise count as new.
+    old_pids = {pid for pid, _ in before}
     deadline = time.monotonic() + timeout_s
     while True:
-        leftover = _cluster_processes() - before
+        leftover = {(pid, title) for pid, title in _cluster_processes() if pid not in old_pids}
         if not leftover or time.monotonic() > deadline:
             return leftover
         time.sleep(1)
