@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+POOLS = ("prefill", "decode")
 
 
 def add_parser(commands) -> None:
@@ -120,6 +121,15 @@ def add_parser(commands) -> None:
                       "(default: what the planned size needs to follow the day down)")
     plan.add_argument("--startup-s", type=float, default=300.0,
                       help="seconds from asking for a replica to its serving (the day)")
+    plan.add_argument("--standby", choices=("fitted", "base"), default="fitted",
+                      help="the written floors: fitted to the day's forecast, half-hour "
+                      "windows a start-up ahead of the rate, night floor at the trough "
+                      "(fitted); or the base config's windows holding the planned size "
+                      "and its night floor in proportion (base)")
+    plan.add_argument("--standby-margin", type=float, default=0.1,
+                      help="fitted floors: the share above the forecast rate they hold")
+    plan.add_argument("--standby-shift-minutes", type=int, default=60,
+                      help="fitted floors: how early or late the day's peak may come")
     plan.add_argument("--slice-replicas", type=int, default=32,
                       help="replicas of the smaller pool simulated")
     plan.add_argument("--sim-seconds", type=float, default=40.0)
@@ -420,15 +430,19 @@ def _size(args) -> int:
 
 
 def _document_and_day(args, plan):
-    """The planned cluster's config (loadable, or this fails; its autoscaling targets
-    fitted to the plan either way) and, unless ``--no-day``, its day under that config's
-    autoscalers: as written, without its standby windows,
-    and without its night floors either (the policy's own cost), the last two when it
-    has them (None when it has no autoscalers)."""
+    """The planned cluster's config (loadable, or this fails; its autoscaling targets,
+    step limits and floors fitted to the plan) and, unless ``--no-day``, its days under
+    that config's autoscalers (None when it has none).
+
+    With fitted floors (``--standby fitted``): the forecast day as written, then the same
+    config on a day 10% busier than forecast and on one peaking an hour early (what the
+    policy must cover above the floors), the base's floors instead, and the policy alone
+    (no windows, floors of one). With the base's (``--standby base``): as written, without
+    its standby windows, and without its night floors either."""
     import yaml
 
     from cluster.config import parse_config
-    from cluster.planner.day import DaySpec, autoscaling_targets, sense, simulate_day
+    from cluster.planner.day import DaySpec, autoscaling_targets, fit_standby, sense
     from cluster.planner.output import config_document
 
     base = yaml.safe_load(args.base_config.read_text())
@@ -441,34 +455,78 @@ def _document_and_day(args, plan):
         sensors = sense(plan, multiples=(1.0,))
     targets = autoscaling_targets(plan, sensors) if sensors else {}
     _add_downscale_steps(args, plan, parsed, targets)
-    document = config_document(plan, base, targets)
+    if parsed.autoscaling is None:
+        return config_document(plan, base, targets), None
+    planned = {"prefill": plan.prediction.prefill_replicas,
+               "decode": plan.prediction.decode_replicas}
+    forecast = DaySpec(peak_at_s=_peak_epoch(args.peak_at, parsed.autoscaling),
+                       peak_to_mean=args.peak_to_mean, startup_s=args.startup_s,
+                       drain_s=next(p for p in sensors.points if p.multiple >= 1.0).e2e_p99_s)
+    fitted = None
+    if args.standby == "fitted":
+        fitted = {pool: fit_standby(replicas, _peak_minute(args.peak_at), forecast,
+                                    margin=args.standby_margin,
+                                    shift_minutes=args.standby_shift_minutes)
+                  for pool, replicas in planned.items()}
+    document = config_document(plan, base, targets, fitted)
     config = parse_config(document, source="the planned cluster")
-    if not args.day or config.autoscaling is None or not config.autoscaling.enabled:
+    if not args.day or not config.autoscaling.enabled:
         return document, None
-    version = next(iter(config.versions))
-    spec = DaySpec(peak_at_s=_peak_epoch(args.peak_at, config.autoscaling),
-                   peak_to_mean=args.peak_to_mean, startup_s=args.startup_s,
-                   drain_s=next(p for p in sensors.points if p.multiple >= 1.0).e2e_p99_s)
-    bounds = {pool: config.scaling_bounds(version, pool) for pool in ("prefill", "decode")}
+    based = (parse_config(config_document(plan, base, targets), source="the base's floors")
+             if fitted else None)
+    return document, _days(_day_runner(plan, sensors, forecast), forecast, config, based)
 
-    def day_under(autoscaling):
+
+def _days(day_under, forecast, config, based=None) -> dict:
+    """The days ``_document_and_day`` runs, by name: with fitted floors (``based``, the
+    same plan under the base's floors, given), the forecast day, a busier one, one
+    peaking early, the base's floors and the policy alone; with the base's, as written,
+    without its windows, and without its night floors either."""
+    if based is not None:
+        return {"as written": day_under(config),
+                "the base's floors": day_under(based),
+                "the policy alone": day_under(config, without_floors=True),
+                "a day 10% busier": day_under(config, rate_scale=1.1),
+                "its peak an hour early": day_under(
+                    config, peak_at_s=forecast.peak_at_s - 3600)}  # the default shift
+    days = {"as written": day_under(config)}
+    if config.autoscaling.prefill.standby or config.autoscaling.decode.standby:
+        days["without its standby windows"] = day_under(
+            config.model_copy(update={"autoscaling": _without_windows(config.autoscaling)}))
+    if any(config.scaling_bounds(next(iter(config.versions)), pool).min_replicas > 1
+           for pool in POOLS):
+        days["nor its night floors"] = day_under(config, without_floors=True)
+    return days
+
+
+def _day_runner(plan, sensors, forecast):
+    """``run(config, without_floors=False, **spec_changes)``: a day under ``config``'s
+    autoscalers (without its standby windows and with night floors of one replica if
+    asked), the forecast day changed by ``spec_changes``."""
+    from dataclasses import replace
+
+    from cluster.planner.day import simulate_day
+
+    def run(config, without_floors: bool = False, **spec_changes):
+        version = next(iter(config.versions))
+        bounds = {pool: config.scaling_bounds(version, pool) for pool in POOLS}
+        autoscaling = config.autoscaling
+        if without_floors:
+            bounds = {pool: bound.overridden(min_replicas=1) for pool, bound in bounds.items()}
+            autoscaling = _without_windows(autoscaling)
         return simulate_day(
-            spec, sensors, (plan.prediction.prefill_replicas, plan.prediction.decode_replicas),
+            replace(forecast, **spec_changes), sensors,
+            (plan.prediction.prefill_replicas, plan.prediction.decode_replicas),
             (plan.inputs.prefill_cost.tp, plan.inputs.decode_cost.tp), autoscaling,
             config.slo, bounds)
+    return run
 
-    def without(**fields):
-        return config.autoscaling.model_copy(update={
-            pool: getattr(config.autoscaling, pool).model_copy(update=fields)
-            for pool in ("prefill", "decode")})
 
-    days = {"as written": day_under(config.autoscaling)}
-    if config.autoscaling.prefill.standby or config.autoscaling.decode.standby:
-        days["without its standby windows"] = day_under(without(standby=None))
-    if any(bound.min_replicas > 1 for bound in bounds.values()):
-        bounds = {pool: bound.overridden(min_replicas=1) for pool, bound in bounds.items()}
-        days["nor its night floors"] = day_under(without(standby=None, min_replicas=1))
-    return document, days
+def _without_windows(autoscaling):
+    """``autoscaling`` without either pool's standby windows."""
+    return autoscaling.model_copy(update={
+        pool: getattr(autoscaling, pool).model_copy(update={"standby": None})
+        for pool in POOLS})
 
 
 def _add_downscale_steps(args, plan, base, targets: dict) -> None:
@@ -495,8 +553,16 @@ def _peak_epoch(peak_at: str, autoscaling) -> float:
 
     schedule = autoscaling.decode.standby or autoscaling.prefill.standby
     zone = schedule.zone if schedule else ZoneInfo("UTC")
+    hour, minute = divmod(_peak_minute(peak_at), 60)
+    return datetime(2026, 1, 7, hour, minute, tzinfo=zone).timestamp()
+
+
+def _peak_minute(peak_at: str) -> int:
+    """``peak_at`` (HH:MM) as minutes after midnight."""
     try:
         hour, minute = (int(part) for part in peak_at.split(":"))
-        return datetime(2026, 1, 7, hour, minute, tzinfo=zone).timestamp()
+        if 0 <= hour < 24 and 0 <= minute < 60:
+            return hour * 60 + minute
     except ValueError:
-        raise ValueError(f"--peak-at wants HH:MM, not {peak_at!r}") from None
+        pass
+    raise ValueError(f"--peak-at wants HH:MM, not {peak_at!r}")

@@ -9,7 +9,7 @@ import math
 from dataclasses import asdict
 from typing import Any
 
-from cluster.planner.day import DayResult
+from cluster.planner.day import DayResult, FittedStandby
 from cluster.planner.search import Plan
 
 
@@ -68,11 +68,14 @@ def table(answer: dict[str, Any]) -> str:
 
 
 def config_document(plan: Plan, base: dict[str, Any],
-                    targets: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
+                    targets: dict[str, dict[str, float]] | None = None,
+                    standby: dict[str, FittedStandby] | None = None) -> dict[str, Any]:
     """``base`` (a pdserve config document) with the planned pools: replicas, tensor
-    parallelism, batch limits, the threshold, the SLOs, and autoscaling bounds and
-    standby floors that hold the planned size at peak, and each pool's per-replica
-    autoscaling ``targets`` (``day.autoscaling_targets``) when given."""
+    parallelism, batch limits, the threshold, the SLOs, autoscaling bounds, each pool's
+    per-replica autoscaling ``targets`` (``day.autoscaling_targets``) when given, and its
+    floors: the ``standby`` ones fitted to the day (``day.fit_standby``) where given,
+    else the base's standby windows holding the planned size and its night floor in
+    proportion."""
     document = copy.deepcopy(base)
     inputs = plan.inputs
     sizes = {"prefill": (plan.prediction.prefill_replicas, inputs.prefill_cost.tp),
@@ -84,12 +87,19 @@ def config_document(plan: Plan, base: dict[str, Any],
         section["tensor_parallel_size"] = tp
         scaling = document.get("autoscaling", {}).get(pool)
         if scaling is not None:
+            fitted = (standby or {}).get(pool)
             scaling["max_replicas"] = max(scaling.get("max_replicas", 0),
-                                          math.ceil(replicas * 1.05))
-            scaling["min_replicas"] = _scaled_floor(scaling.get("min_replicas", 1),
-                                                    base_replicas, replicas)
-            for window in scaling.get("standby", {}).get("windows", []):
-                window["min_replicas"] = replicas
+                                          math.ceil(replicas * 1.05),
+                                          fitted.highest if fitted else 0)
+            if fitted:
+                scaling["min_replicas"] = fitted.night_floor
+                scaling["standby"] = fitted.standby_section(
+                    (scaling.get("standby") or {}).get("timezone", "UTC"))
+            else:
+                scaling["min_replicas"] = _scaled_floor(scaling.get("min_replicas", 1),
+                                                        base_replicas, replicas)
+                for window in (scaling.get("standby") or {}).get("windows", []):
+                    window["min_replicas"] = replicas
             scaling.update((targets or {}).get(pool, {}))
     document["engine"]["max_num_batched_tokens"] = inputs.prefill.max_num_batched_tokens
     document["decode"]["max_num_batched_tokens"] = inputs.decode.max_num_batched_tokens

@@ -115,9 +115,10 @@ def day_plot(path: Path, days: dict[str, DayResult]) -> None:
         for style, (name, day) in zip(("-", "--", "-."), days.items(), strict=False):
             replicas.plot(hours, [p.alive[pool] for p in day.timeline], color=f"C{index}",
                           linestyle=style, label=f"{pool}: {name}")
-    replicas.set(ylabel="replicas alive", title="; ".join(
-        f"{name}: {sum(day.gpu_hours.values()):,.0f} GPU-hours" for name, day in days.items())
-        + f" ({sum(first.ideal_gpu_hours.values()):,.0f} scaled to the rate)")
+    totals = [f"{name}: {sum(day.gpu_hours.values()):,.0f}" for name, day in days.items()]
+    totals.append(f"scaled to the rate: {sum(first.ideal_gpu_hours.values()):,.0f}")
+    replicas.set(ylabel="replicas alive", title="GPU-hours a day, " + "\n".join(
+        "; ".join(totals[start:start + 3]) for start in range(0, len(totals), 3)))
     replicas.title.set_fontsize("small")
     replicas.legend(fontsize="x-small")
     for style, (name, day) in zip(("-", "--", "-."), days.items(), strict=False):

@@ -32,19 +32,25 @@ def test_a_plan_is_printed_and_written_as_figures_and_a_loadable_config(tmp_path
     assert config.decode.tensor_parallel_size == answer["decode"]["tp"] == 4
     # the day under the written config's autoscalers (its targets are the plan's)
     assert "GPU-hours a day under the autoscalers" in printed
-    assert set(answer["day"]) == {"as written", "without its standby windows"}
+    assert list(answer["day"]) == ["as written", "the base's floors", "the policy alone",
+                                   "a day 10% busier", "its peak an hour early"]
     day = answer["day"]["as written"]
     assert day["gpu_hours_total"] == pytest.approx(sum(day["gpu_hours"].values()))
     for pool in ("prefill", "decode"):
         fewest, most = day["replicas_fewest_most"][pool]
         version = next(iter(config.versions))
         assert config.scaling_bounds(version, pool).min_replicas <= fewest <= most
-        assert most >= answer[pool]["replicas"]          # the standby window holds the peak
+        assert most >= answer[pool]["replicas"]          # the standby floor holds the peak
+        # floors fitted to the day: in the base's time zone, led by a start-up already
+        standby = getattr(config.autoscaling, pool).standby
+        assert standby.timezone == "Europe/Berlin" and standby.ramp_minutes == 0
+        assert max(w.min_replicas for w in standby.windows) >= answer[pool]["replicas"]
+        assert all(w.min_replicas > getattr(config.autoscaling, pool).min_replicas
+                   for w in standby.windows)
     assert config.autoscaling.prefill.tokens_per_s_per_replica != 12600   # prod-70b's own
     assert len(day["timeline"]) == 24 * 6                # ten minutes apart
-    # the windows hold the planned size, never less
-    assert answer["day"]["without its standby windows"]["gpu_hours_total"] <= \
-        day["gpu_hours_total"]
+    assert all(answer["day"][name]["hours_over_slo"] == {"ttft": 0, "itl": 0}
+               for name in ("as written", "a day 10% busier", "its peak an hour early"))
     assert (tmp_path / "day.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -69,7 +75,7 @@ def test_fp8_plans_need_fewer_gpus_and_set_the_kv_cache_dtype(tmp_path):
 
 def test_several_thresholds_and_tps_are_each_planned_and_the_cheapest_kept(tmp_path, capsys):
     assert main(["plan", "--rate", "400", "--slice-replicas", "4", "--sim-seconds", "20",
-                 "--threshold", "0,256", "--prefill-tp", "1,4",
+                 "--threshold", "0,256", "--prefill-tp", "1,4", "--standby", "base",
                  "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     assert "| threshold 0, TP1 + TP4 | the weights leave room for under" in printed
@@ -83,6 +89,12 @@ def test_several_thresholds_and_tps_are_each_planned_and_the_cheapest_kept(tmp_p
     assert chosen.router.disaggregation_threshold_tokens in (0, 256)
     assert f"**threshold {chosen.router.disaggregation_threshold_tokens}, TP4 + TP4 " \
            "(the plan)**" in printed
+    # --standby base: prod-70b's evening windows, holding the planned size
+    assert list(answer["day"])[:2] == ["as written", "without its standby windows"]
+    for pool in ("prefill", "decode"):
+        standby = getattr(chosen.autoscaling, pool).standby
+        assert [(w.start, w.end) for w in standby.windows] == [("17:00", "23:00")]
+        assert standby.windows[0].min_replicas == answer[pool]["replicas"]
 
 
 @pytest.mark.parametrize(("option", "message"), [
@@ -93,6 +105,8 @@ def test_several_thresholds_and_tps_are_each_planned_and_the_cheapest_kept(tmp_p
     (["--startup-s", "-1"], "start-up and drain times are 0 or more"),
     (["--allreduce-efficiency", "2"], "efficiency in [0, 1] required"),
     (["--max-tokens", "-5"], "wants 1 or more, not -5"),
+    (["--standby-margin", "-0.1"], "margin >= 0"),
+    (["--standby-shift-minutes", "900"], "a shift of 0 to 720 minutes"),
 ])
 def test_what_cannot_be_planned_is_refused_with_a_message(option, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

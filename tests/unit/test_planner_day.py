@@ -18,18 +18,21 @@ from cluster.autoscaling.config import (
     StandbyWindow,
 )
 from cluster.autoscaling.policy import PoolLoad, ReplicaObservation, decode_needs, prefill_needs
+from cluster.autoscaling.schedule import standby_floor
 from cluster.config import parse_config
 from cluster.planner.day import (
     DaySpec,
     Sensed,
     Sensors,
     autoscaling_targets,
+    fit_standby,
     fitting_downscale_step,
     sense,
     simulate_day,
 )
 from cluster.planner.output import config_document
 from cluster.planner.search import search
+from cluster.planner.workload import diurnal_concentration, diurnal_share
 from cluster.slo import SLOConfig
 from tests.unit.test_planner import small_inputs
 
@@ -71,7 +74,7 @@ def _config(step: int = 4, delay_s: float = 60, cooldown_s: float = 120,
 
 
 def _day(config: AutoscalingConfig, **spec):
-    return simulate_day(DaySpec(peak_at_s=PEAK_AT, **spec), SENSORS,
+    return simulate_day(DaySpec(**({"peak_at_s": PEAK_AT} | spec)), SENSORS,
                         PLANNED, (4, 4), config, SLO)
 
 
@@ -183,3 +186,74 @@ def test_the_written_targets_ask_for_the_planned_size_at_its_peak():
         targets["prefill"]["tokens_per_s_per_replica"]
     assert config.autoscaling.prefill.min_replicas == math.ceil(planned[0] * 100 / 344)
     assert config.autoscaling.decode.min_replicas == math.ceil(planned[1] * 40 / 126)
+
+
+KAPPA = diurnal_concentration(6.0, 0.05)
+
+
+def _share(minute: float) -> float:
+    """The test day's rate share at a UTC minute (its peak at 20:00 UTC)."""
+    return diurnal_share(((minute - 20 * 60) / 1440) % 1.0, KAPPA, 0.05)
+
+
+def test_fitted_floors_hold_the_forecast_rate_a_start_up_ahead():
+    spec = DaySpec(peak_at_s=PEAK_AT, startup_s=600)
+    fitted = fit_standby(100, 20 * 60, spec, slot_minutes=30, margin=0.1)
+    schedule = StandbySchedule(**fitted.standby_section("UTC"))
+    midnight = PEAK_AT - 20 * 3600
+    floors = [max(fitted.night_floor, standby_floor(schedule, midnight + minute * 60))
+              for minute in range(1440)]
+    lead = 11                          # the start-up and a policy tick, in whole minutes
+    for minute, floor in enumerate(floors):
+        # what the replicas it asks for will meet, and no more than its slot's highest
+        assert 110 * _share(minute + lead) - 1e-6 <= floor
+        assert floor <= max(fitted.night_floor, math.ceil(
+            110 * max(_share(minute + ahead) for ahead in range(lead - 30, lead + 31))))
+    assert fitted.night_floor == math.ceil(100 * 1.1 * 0.05)
+    assert fitted.highest == max(floors) == 110
+    # a floor only where the rate is above the night's, in few windows
+    assert sum(floors) / 1440 < 0.4 * 110 and len(fitted.windows) <= 24
+    # a shift covers a peak that comes that much early or late, for more floor
+    shifted = fit_standby(100, 20 * 60, spec, slot_minutes=30, margin=0.1, shift_minutes=60)
+    schedule = StandbySchedule(**shifted.standby_section("UTC"))
+    wider = [max(shifted.night_floor, standby_floor(schedule, midnight + minute * 60))
+             for minute in range(1440)]
+    for minute, floor in enumerate(wider):
+        assert floor >= 110 * max(_share(minute + lead - 60), _share(minute + lead + 60)) - 1e-6
+    assert sum(floors) < sum(wider) < 2 * sum(floors)
+    for bad in ({"slot_minutes": 7}, {"margin": -0.1}, {"shift_minutes": 721}):
+        with pytest.raises(ValueError):
+            fit_standby(100, 0, spec, **bad)
+
+
+def _with_floors(shift_minutes: int, **spec) -> tuple[AutoscalingConfig, dict]:
+    fitted = {pool: fit_standby(n, 20 * 60, DaySpec(peak_at_s=PEAK_AT, **spec),
+                                shift_minutes=shift_minutes)
+              for pool, n in zip(("prefill", "decode"), PLANNED, strict=True)}
+    config = _config()
+    return config.model_copy(update={pool: getattr(config, pool).model_copy(update={
+        "standby": StandbySchedule(**fitted[pool].standby_section("UTC"))})
+        for pool in ("prefill", "decode")}), fitted
+
+
+def test_fitted_floors_keep_the_slo_for_fewer_gpu_hours_than_a_window_at_the_peak_size():
+    spec = {"startup_s": 1200}         # slow starts: the policy alone lags the rise
+    config, fitted = _with_floors(0, **spec)
+    window = StandbySchedule(timezone="UTC", ramp_minutes=30, windows=[
+        StandbyWindow(start="17:00", end="23:00", min_replicas=PLANNED[0])])
+    held = _config(standby=window)
+    alone, predicted, blunt = _day(_config(), **spec), _day(config, **spec), _day(held, **spec)
+    assert alone.hours_over_slo["ttft"] > 0.25
+    assert predicted.hours_over_slo == {"ttft": 0, "itl": 0}
+    assert blunt.hours_over_slo["ttft"] == 0
+    assert sum(predicted.gpu_hours.values()) < 0.8 * sum(blunt.gpu_hours.values())
+    # above the floors the policy still follows a day busier than forecast
+    busier = _day(config, rate_scale=1.3, **spec)
+    assert busier.replicas["prefill"][1] > fitted["prefill"].highest
+
+
+def test_floors_fitted_with_a_shift_keep_the_slo_when_the_peak_comes_early():
+    spec = {"startup_s": 1200, "peak_at_s": PEAK_AT - 3600}
+    exact, shifted = _with_floors(0, startup_s=1200)[0], _with_floors(60, startup_s=1200)[0]
+    assert _day(exact, **spec).hours_over_slo["ttft"] > 0.25
+    assert _day(shifted, **spec).hours_over_slo == {"ttft": 0, "itl": 0}
