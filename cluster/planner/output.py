@@ -88,9 +88,10 @@ def config_document(plan: Plan, base: dict[str, Any],
         scaling = document.get("autoscaling", {}).get(pool)
         if scaling is not None:
             fitted = (standby or {}).get(pool)
+            # room above the fitted floors for a day busier than their margin
             scaling["max_replicas"] = max(scaling.get("max_replicas", 0),
                                           math.ceil(replicas * 1.05),
-                                          fitted.highest if fitted else 0)
+                                          math.ceil(1.25 * fitted.highest) if fitted else 0)
             if fitted:
                 scaling["min_replicas"] = fitted.night_floor
                 scaling["standby"] = fitted.standby_section(
