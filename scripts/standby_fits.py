@@ -6,7 +6,7 @@ each combination of slot length, margin and shift given, and simulates each conf
 day under pdserve's autoscaling policy: the forecast day, days 10% and 20% busier, and
 one whose peak comes an hour early. Prints a markdown table (docs/planning.md).
 
-    .venv/bin/python scripts/standby_fits.py                 # ~6 min on 2 cores
+    .venv/bin/python scripts/standby_fits.py                 # ~7 min on 2 cores
     .venv/bin/python scripts/standby_fits.py --fits 30:0.1:60,30:0.1:0
 """
 
@@ -66,7 +66,8 @@ def main() -> None:
     for fit in args.fits.split(","):
         slot, margin, shift = fit.split(":")
         fitted = {pool: fit_standby(n, plan_cli._peak_minute(plan_args.peak_at), forecast,
-                                    int(slot), float(margin), int(shift))
+                                    int(slot), float(margin), int(shift),
+                                    plan_cli._peak_zone(parsed.autoscaling).key)
                   for pool, n in planned.items()}
         config = parse_config(config_document(plan, base, targets, fitted))
         cells = []

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-POOLS = ("prefill", "decode")
 
 
 def add_parser(commands) -> None:
@@ -126,10 +126,11 @@ def add_parser(commands) -> None:
                       "windows a start-up ahead of the rate, night floor at the trough "
                       "(fitted); or the base config's windows holding the planned size "
                       "and its night floor in proportion (base)")
-    plan.add_argument("--standby-margin", type=float, default=0.1,
+    plan.add_argument("--standby-margin", type=_margin, default=0.1,
                       help="fitted floors: the share above the forecast rate they hold")
-    plan.add_argument("--standby-shift-minutes", type=int, default=60,
-                      help="fitted floors: how early or late the day's peak may come")
+    plan.add_argument("--standby-shift-minutes", type=_shift_minutes, default=60,
+                      help="fitted floors: how early or late the day's peak may come "
+                      "(0 to 720)")
     plan.add_argument("--slice-replicas", type=int, default=32,
                       help="replicas of the smaller pool simulated")
     plan.add_argument("--sim-seconds", type=float, default=40.0)
@@ -161,6 +162,22 @@ def _positive(text: str) -> int:
     if number < 1:
         raise argparse.ArgumentTypeError(f"wants 1 or more, not {number}")
     return number
+
+
+def _margin(text: str) -> float:
+    """A share of 0 or more, finite (argparse refuses anything else with this message)."""
+    share = float(text)
+    if not 0 <= share < math.inf:
+        raise argparse.ArgumentTypeError(f"wants a share of 0 or more, not {text}")
+    return share
+
+
+def _shift_minutes(text: str) -> int:
+    """Minutes from 0 to 720 (half a day either way)."""
+    minutes = int(text)
+    if not 0 <= minutes <= 720:
+        raise argparse.ArgumentTypeError(f"wants 0 to 720 minutes, not {minutes}")
+    return minutes
 
 
 def _numbers(text: str) -> tuple[int, ...]:
@@ -434,11 +451,12 @@ def _document_and_day(args, plan):
     step limits and floors fitted to the plan) and, unless ``--no-day``, its days under
     that config's autoscalers (None when it has none).
 
-    With fitted floors (``--standby fitted``): the forecast day as written, then the same
-    config on a day 10% busier than forecast and on one peaking an hour early (what the
-    policy must cover above the floors), the base's floors instead, and the policy alone
-    (no windows, floors of one). With the base's (``--standby base``): as written, without
-    its standby windows, and without its night floors either."""
+    With fitted floors (``--standby fitted``): the forecast day as written, the same plan
+    under the base's floors instead, the policy alone (no windows, floors of one), then
+    the written config on a day 10% busier than forecast and on one peaking an hour
+    early (what the policy must cover above the floors).
+    With the base's (``--standby base``): as written, without its standby windows, and
+    without its night floors either."""
     import yaml
 
     from cluster.config import parse_config
@@ -463,10 +481,11 @@ def _document_and_day(args, plan):
                        peak_to_mean=args.peak_to_mean, startup_s=args.startup_s,
                        drain_s=next(p for p in sensors.points if p.multiple >= 1.0).e2e_p99_s)
     fitted = None
-    if args.standby == "fitted":
+    if args.standby == "fitted":         # both pools in the zone of the peak's local time
         fitted = {pool: fit_standby(replicas, _peak_minute(args.peak_at), forecast,
                                     margin=args.standby_margin,
-                                    shift_minutes=args.standby_shift_minutes)
+                                    shift_minutes=args.standby_shift_minutes,
+                                    timezone=_peak_zone(parsed.autoscaling).key)
                   for pool, replicas in planned.items()}
     document = config_document(plan, base, targets, fitted)
     config = parse_config(document, source="the planned cluster")
@@ -482,13 +501,15 @@ def _days(day_under, forecast, config, based=None) -> dict:
     same plan under the base's floors, given), the forecast day, a busier one, one
     peaking early, the base's floors and the policy alone; with the base's, as written,
     without its windows, and without its night floors either."""
+    from cluster.planner.day import POOLS
+
     if based is not None:
         return {"as written": day_under(config),
                 "the base's floors": day_under(based),
                 "the policy alone": day_under(config, without_floors=True),
                 "a day 10% busier": day_under(config, rate_scale=1.1),
                 "its peak an hour early": day_under(
-                    config, peak_at_s=forecast.peak_at_s - 3600)}  # the default shift
+                    config, peak_at_s=forecast.peak_at_s - 3600)}  # --standby-shift's default
     days = {"as written": day_under(config)}
     if config.autoscaling.prefill.standby or config.autoscaling.decode.standby:
         days["without its standby windows"] = day_under(
@@ -505,7 +526,7 @@ def _day_runner(plan, sensors, forecast):
     asked), the forecast day changed by ``spec_changes``."""
     from dataclasses import replace
 
-    from cluster.planner.day import simulate_day
+    from cluster.planner.day import POOLS, simulate_day
 
     def run(config, without_floors: bool = False, **spec_changes):
         version = next(iter(config.versions))
@@ -524,6 +545,8 @@ def _day_runner(plan, sensors, forecast):
 
 def _without_windows(autoscaling):
     """``autoscaling`` without either pool's standby windows."""
+    from cluster.planner.day import POOLS
+
     return autoscaling.model_copy(update={
         pool: getattr(autoscaling, pool).model_copy(update={"standby": None})
         for pool in POOLS})
@@ -549,12 +572,18 @@ def _peak_epoch(peak_at: str, autoscaling) -> float:
     """Epoch seconds of ``peak_at`` (HH:MM) on a fixed Wednesday, local to the standby
     schedule's zone (UTC without one)."""
     from datetime import datetime
+
+    hour, minute = divmod(_peak_minute(peak_at), 60)
+    return datetime(2026, 1, 7, hour, minute, tzinfo=_peak_zone(autoscaling)).timestamp()
+
+
+def _peak_zone(autoscaling):
+    """The zone ``--peak-at`` is local to: the base's standby schedule's (decode's, else
+    prefill's), UTC without one."""
     from zoneinfo import ZoneInfo
 
     schedule = autoscaling.decode.standby or autoscaling.prefill.standby
-    zone = schedule.zone if schedule else ZoneInfo("UTC")
-    hour, minute = divmod(_peak_minute(peak_at), 60)
-    return datetime(2026, 1, 7, hour, minute, tzinfo=zone).timestamp()
+    return schedule.zone if schedule else ZoneInfo("UTC")
 
 
 def _peak_minute(peak_at: str) -> int:

@@ -441,26 +441,30 @@ class FittedStandby:
 
     night_floor: int
     windows: tuple[tuple[int, int, int], ...]
+    timezone: str = "UTC"             # the zone of the local minutes (and of the peak)
 
     @property
     def highest(self) -> int:
         return max((floor for _, _, floor in self.windows), default=self.night_floor)
 
-    def standby_section(self, timezone: str) -> dict:
-        """The windows as a pool's ``standby`` config section (``StandbySchedule``), in
-        ``timezone``. The fit already leads the day by a start-up: no ramp of its own."""
+    def standby_section(self) -> dict:
+        """The windows as a pool's ``standby`` config section (``StandbySchedule``). The
+        fit already leads the day by a start-up: no ramp of its own."""
         def hh_mm(minute: int) -> str:
             return f"{minute // 60 % 24:02d}:{minute % 60:02d}"
 
-        return {"timezone": timezone, "ramp_minutes": 0,
+        return {"timezone": self.timezone, "ramp_minutes": 0,
                 "windows": [{"start": hh_mm(start), "end": hh_mm(end), "min_replicas": floor}
                             for start, end, floor in self.windows]}
 
 
 def fit_standby(planned: int, peak_minute: float, spec: DaySpec, slot_minutes: int = 30,
-                margin: float = 0.1, shift_minutes: int = 0) -> FittedStandby:
-    """Floors for a pool of ``planned`` replicas at the peak (local minute
-    ``peak_minute``) over ``spec``'s day, in slots of ``slot_minutes``: a slot's floor is
+                margin: float = 0.1, shift_minutes: int = 0,
+                timezone: str = "UTC") -> FittedStandby:
+    """Floors for a pool of ``planned`` replicas at the peak (``peak_minute`` after
+    midnight in ``timezone``, the local time of ``spec.peak_at_s``; the curve's shape and
+    the start-up are ``spec``'s, its ``rate_scale`` is not: this fits the forecast) over
+    a day, in slots of ``slot_minutes``: a slot's floor is
     the planned size scaled to the highest rate its replicas will meet, with ``margin`` to
     spare: they serve ``spec.startup_s`` after the floor asks for them (one policy tick
     later at most), so a slot's floor covers the rate from its start plus that lead to
@@ -497,4 +501,4 @@ def fit_standby(planned: int, peak_minute: float, spec: DaySpec, slot_minutes: i
             windows[-1] = (windows[-1][0], start + slot_minutes, floor)
         else:
             windows.append((start, start + slot_minutes, floor))
-    return FittedStandby(night, tuple(windows))
+    return FittedStandby(night, tuple(windows), timezone)

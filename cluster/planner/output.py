@@ -85,7 +85,7 @@ def config_document(plan: Plan, base: dict[str, Any],
         base_replicas = section.get("replicas")
         section["replicas"] = replicas
         section["tensor_parallel_size"] = tp
-        scaling = document.get("autoscaling", {}).get(pool)
+        scaling = (document.get("autoscaling") or {}).get(pool)
         if scaling is not None:
             fitted = (standby or {}).get(pool)
             # room above the fitted floors for a day busier than their margin
@@ -94,8 +94,7 @@ def config_document(plan: Plan, base: dict[str, Any],
                                           math.ceil(1.25 * fitted.highest) if fitted else 0)
             if fitted:
                 scaling["min_replicas"] = fitted.night_floor
-                scaling["standby"] = fitted.standby_section(
-                    (scaling.get("standby") or {}).get("timezone", "UTC"))
+                scaling["standby"] = fitted.standby_section()
             else:
                 scaling["min_replicas"] = _scaled_floor(scaling.get("min_replicas", 1),
                                                         base_replicas, replicas)
@@ -176,8 +175,8 @@ def day_figures(day: DayResult) -> dict[str, Any]:
 
 
 def day_table(days: dict[str, dict[str, Any]]) -> str:
-    """Each simulated day (the written config, and its variants without standby windows
-    and night floors) beside the plan scaled to the rate."""
+    """Each simulated day (the written config first, then its variants) beside the plan
+    scaled to the rate."""
     names = list(days)
     first = days[names[0]]
     rows = [("the plan scaled to the rate: GPU-hours",

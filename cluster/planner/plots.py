@@ -97,10 +97,14 @@ def _prompt_tokens_panel(axis, runs: list[dict]) -> None:
     axis.legend(fontsize="x-small")
 
 
+# One line style per simulated day (the plan scaled to the rate is dotted).
+_STYLES = ("-", "--", "-.", (0, (6, 2, 1, 2, 1, 2)), (0, (10, 3)))
+
+
 def day_plot(path: Path, days: dict[str, DayResult]) -> None:
     """The day under the written config's autoscalers (and each variant in ``days``):
-    each pool's replicas alive (the GPUs held) against the plan scaled to the rate, and
-    the predicted p95 TTFT."""
+    each pool's replicas alive (the GPUs held; the first three days, so that the lines
+    stay apart) against the plan scaled to the rate, and the predicted p95 TTFT (all)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -112,7 +116,7 @@ def day_plot(path: Path, days: dict[str, DayResult]) -> None:
     for index, pool in enumerate(("prefill", "decode")):
         replicas.plot(hours, [p.ideal[pool] for p in first.timeline], color=f"C{index}",
                       linestyle=":", label=f"{pool}: the plan scaled to the rate")
-        for style, (name, day) in zip(("-", "--", "-."), days.items(), strict=False):
+        for style, (name, day) in zip(_STYLES, list(days.items())[:3], strict=False):
             replicas.plot(hours, [p.alive[pool] for p in day.timeline], color=f"C{index}",
                           linestyle=style, label=f"{pool}: {name}")
     totals = [f"{name}: {sum(day.gpu_hours.values()):,.0f}" for name, day in days.items()]
@@ -121,7 +125,7 @@ def day_plot(path: Path, days: dict[str, DayResult]) -> None:
         "; ".join(totals[start:start + 3]) for start in range(0, len(totals), 3)))
     replicas.title.set_fontsize("small")
     replicas.legend(fontsize="x-small")
-    for style, (name, day) in zip(("-", "--", "-."), days.items(), strict=False):
+    for style, (name, day) in zip(_STYLES, days.items(), strict=False):
         latency.plot(hours, [p.ttft_p95_s * 1000 for p in day.timeline], linestyle=style,
                      label=f"TTFT p95, {name}")
     latency.set(xlabel="hours from the trough (the peak at 12)", ylabel="ms (predicted)")

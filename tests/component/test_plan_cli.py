@@ -108,8 +108,8 @@ def test_several_thresholds_and_tps_are_each_planned_and_the_cheapest_kept(tmp_p
     (["--startup-s", "-1"], "start-up and drain times are 0 or more"),
     (["--allreduce-efficiency", "2"], "efficiency in [0, 1] required"),
     (["--max-tokens", "-5"], "wants 1 or more, not -5"),
-    (["--standby-margin", "-0.1"], "margin >= 0"),
-    (["--standby-shift-minutes", "900"], "a shift of 0 to 720 minutes"),
+    (["--standby-margin", "-0.1"], "wants a share of 0 or more, not -0.1"),
+    (["--standby-shift-minutes", "900"], "wants 0 to 720 minutes, not 900"),
 ])
 def test_what_cannot_be_planned_is_refused_with_a_message(option, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

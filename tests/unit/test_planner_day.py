@@ -199,7 +199,7 @@ def _share(minute: float) -> float:
 def test_fitted_floors_hold_the_forecast_rate_a_start_up_ahead():
     spec = DaySpec(peak_at_s=PEAK_AT, startup_s=600)
     fitted = fit_standby(100, 20 * 60, spec, slot_minutes=30, margin=0.1)
-    schedule = StandbySchedule(**fitted.standby_section("UTC"))
+    schedule = StandbySchedule(**fitted.standby_section())
     midnight = PEAK_AT - 20 * 3600
     floors = [max(fitted.night_floor, standby_floor(schedule, midnight + minute * 60))
               for minute in range(1440)]
@@ -215,7 +215,7 @@ def test_fitted_floors_hold_the_forecast_rate_a_start_up_ahead():
     assert sum(floors) / 1440 < 0.4 * 110 and len(fitted.windows) <= 24
     # a shift covers a peak that comes that much early or late, for more floor
     shifted = fit_standby(100, 20 * 60, spec, slot_minutes=30, margin=0.1, shift_minutes=60)
-    schedule = StandbySchedule(**shifted.standby_section("UTC"))
+    schedule = StandbySchedule(**shifted.standby_section())
     wider = [max(shifted.night_floor, standby_floor(schedule, midnight + minute * 60))
              for minute in range(1440)]
     for minute, floor in enumerate(wider):
@@ -232,16 +232,19 @@ def _with_floors(shift_minutes: int, **spec) -> tuple[AutoscalingConfig, dict]:
               for pool, n in zip(("prefill", "decode"), PLANNED, strict=True)}
     config = _config()
     return config.model_copy(update={pool: getattr(config, pool).model_copy(update={
-        "standby": StandbySchedule(**fitted[pool].standby_section("UTC"))})
+        "standby": StandbySchedule(**fitted[pool].standby_section()),
+        "min_replicas": fitted[pool].night_floor})
         for pool in ("prefill", "decode")}), fitted
 
 
 def test_fitted_floors_keep_the_slo_for_fewer_gpu_hours_than_a_window_at_the_peak_size():
     spec = {"startup_s": 1200}         # slow starts: the policy alone lags the rise
     config, fitted = _with_floors(0, **spec)
-    window = StandbySchedule(timezone="UTC", ramp_minutes=30, windows=[
-        StandbyWindow(start="17:00", end="23:00", min_replicas=PLANNED[0])])
-    held = _config(standby=window)
+    held = _config()
+    held = held.model_copy(update={pool: getattr(held, pool).model_copy(update={
+        "standby": StandbySchedule(timezone="UTC", ramp_minutes=30, windows=[
+            StandbyWindow(start="17:00", end="23:00", min_replicas=n)])})
+        for pool, n in zip(("prefill", "decode"), PLANNED, strict=True)})
     alone, predicted, blunt = _day(_config(), **spec), _day(config, **spec), _day(held, **spec)
     assert alone.hours_over_slo["ttft"] > 0.25
     assert predicted.hours_over_slo == {"ttft": 0, "itl": 0}
@@ -257,3 +260,25 @@ def test_floors_fitted_with_a_shift_keep_the_slo_when_the_peak_comes_early():
     exact, shifted = _with_floors(0, startup_s=1200)[0], _with_floors(60, startup_s=1200)[0]
     assert _day(exact, **spec).hours_over_slo["ttft"] > 0.25
     assert _day(shifted, **spec).hours_over_slo == {"ttft": 0, "itl": 0}
+
+
+def test_fitted_floors_are_written_in_the_zone_of_the_peak_with_room_above():
+    plan = search(small_inputs(rate=30))
+    planned = {"prefill": plan.prediction.prefill_replicas,
+               "decode": plan.prediction.decode_replicas}
+    spec = DaySpec(peak_at_s=PEAK_AT)
+    fitted = {pool: fit_standby(10 * n, 20 * 60, spec, timezone="America/New_York")
+              for pool, n in planned.items()}
+    base = yaml.safe_load((REPO / "ray_configs/prod-70b.yaml").read_text())
+    del base["autoscaling"]["decode"]["standby"]        # one pool without a schedule
+    config = parse_config(config_document(plan, base, standby=fitted))
+    for pool in planned:
+        scaling = getattr(config.autoscaling, pool)
+        assert scaling.standby.timezone == "America/New_York"
+        assert scaling.min_replicas == fitted[pool].night_floor
+        assert [(w.start, w.end, w.min_replicas) for w in scaling.standby.windows] == [
+            (f"{a // 60 % 24:02d}:{a % 60:02d}", f"{b // 60 % 24:02d}:{b % 60:02d}", n)
+            for a, b, n in fitted[pool].windows]
+        assert scaling.max_replicas >= 1.25 * fitted[pool].highest
+    base["autoscaling"] = None                          # no autoscaling: pools only
+    assert parse_config(config_document(plan, base, standby=fitted)).autoscaling is None
