@@ -51,7 +51,7 @@ def main() -> None:
     sensors = sense(plan)
     base = yaml.safe_load(plan_args.base_config.read_text())
     parsed = parse_config(base)
-    targets = autoscaling_targets(plan, sensors)
+    targets = autoscaling_targets(plan, sensors, plan_args.scaling_headroom)
     plan_cli._add_downscale_steps(plan_args, plan, parsed, targets)
     planned = {"prefill": plan.prediction.prefill_replicas,
                "decode": plan.prediction.decode_replicas}

@@ -128,6 +128,9 @@ def add_parser(commands) -> None:
                       "and its night floor in proportion (base)")
     plan.add_argument("--standby-margin", type=_margin, default=0.1,
                       help="fitted floors: the share above the forecast rate they hold")
+    plan.add_argument("--scaling-headroom", type=_margin, default=0.1,
+                      help="the written throughput targets ask for the load's replicas "
+                      "times 1 + this (0: exactly the planned size at the peak)")
     plan.add_argument("--standby-shift-minutes", type=_shift_minutes, default=60,
                       help="fitted floors: how early or late the day's peak may come "
                       "(0 to 720)")
@@ -471,7 +474,7 @@ def _document_and_day(args, plan):
         sensors = sense(plan)
     elif parsed.autoscaling is not None:
         sensors = sense(plan, multiples=(1.0,))
-    targets = autoscaling_targets(plan, sensors) if sensors else {}
+    targets = autoscaling_targets(plan, sensors, args.scaling_headroom) if sensors else {}
     _add_downscale_steps(args, plan, parsed, targets)
     if parsed.autoscaling is None:
         return config_document(plan, base, targets), None

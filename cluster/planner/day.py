@@ -373,21 +373,27 @@ class _DayTally:
 # --- the autoscaler's targets for the planned cluster -----------------------------------
 
 
-def autoscaling_targets(plan: Plan, sensors: Sensors) -> dict[str, dict[str, float]]:
+def autoscaling_targets(plan: Plan, sensors: Sensors, headroom: float = 0.0
+                        ) -> dict[str, dict[str, float]]:
     """Each pool's per-replica autoscaling targets (``PrefillScalingConfig``,
     ``DecodeScalingConfig``) for the planned cluster: capacities from its cost model and
-    a utilisation that makes the throughput signal ask for the planned count at the peak,
-    so the policy holds the plan there and scales it with the rate elsewhere; the other
-    signals' targets sit above what a replica reports at the peak (they are for bursts).
+    a utilisation that makes the throughput signal ask for the planned count times
+    1 + ``headroom`` at the peak, so the policy holds the plan there and scales it with
+    the rate elsewhere, ahead of it by ``headroom`` (a scale-up to exactly the load of
+    its moment is short again once its replicas have started on a rising rate); the
+    other signals' targets sit above what a replica reports at the peak (they are for
+    bursts).
 
     prefill: a replica's capacity is the prompt tokens it computes per busy second; the
-    utilisation is its busy share at the peak; the queue target is half the TTFT
-    objective's worth of that capacity. decode: the capacity is the tokens/s of the
+    utilisation is its busy share at the peak over 1 + headroom; the queue target is half
+    the TTFT objective's worth of that capacity. decode: the capacity is the tokens/s of the
     largest batch whose step stays within the ITL objective (``best_decode_batch``), the
     sequences target that batch.
     """
     inputs = plan.inputs
     prefill, decode = sensors.at("prefill", 1.0), sensors.at("decode", 1.0)
+    if headroom < 0:
+        raise ValueError("the throughput signal's headroom is 0 or more")
     busy = min(0.95, max(0.05, plan.prediction.prefill_busy))
     prompt_rate = prefill.prompt_tokens_per_s or 0.0
     prefill_capacity = max(1.0, prompt_rate / busy)
@@ -400,14 +406,14 @@ def autoscaling_targets(plan: Plan, sensors: Sensors) -> dict[str, dict[str, flo
     return {
         "prefill": {
             "tokens_per_s_per_replica": round(prefill_capacity),
-            "target_utilisation": round(busy, 3),
+            "target_utilisation": round(busy / (1 + headroom), 3),
             "target_queued_tokens_per_replica": round(max(
                 prefill_capacity * inputs.slo.ttft_p95_s / 2,
                 2 * (prefill.queued_prefill_tokens or 0.0), 1.0)),
         },
         "decode": {
             "output_tokens_per_s_per_replica": round(max(1.0, output_rate / decode_use)),
-            "target_utilisation": round(decode_use, 3),
+            "target_utilisation": round(decode_use / (1 + headroom), 3),
             "target_running_seqs_per_replica": round(max(
                 batch, 1.1 * (decode.running_seqs or 0.0))),
             "target_kv_usage": round(min(1.0, max(0.8, 1.1 * (decode.kv_usage or 0.0))), 3),

@@ -186,6 +186,16 @@ def test_the_written_targets_ask_for_the_planned_size_at_its_peak():
         targets["prefill"]["tokens_per_s_per_replica"]
     assert config.autoscaling.prefill.min_replicas == math.ceil(planned[0] * 100 / 344)
     assert config.autoscaling.decode.min_replicas == math.ceil(planned[1] * 40 / 126)
+    # with headroom, the throughput signals ask for that much more at the same load
+    ahead = autoscaling_targets(plan, sensors, headroom=0.1)
+    for pool, needs_of, scaling, n in (
+            ("prefill", prefill_needs, PrefillScalingConfig, planned[0]),
+            ("decode", decode_needs, DecodeScalingConfig, planned[1])):
+        needs = {need.signal: need.replicas
+                 for need in needs_of(at_peak[pool], scaling(**ahead[pool]))}
+        assert needs["throughput"] == pytest.approx(1.1 * n, rel=0.01)
+    with pytest.raises(ValueError):
+        autoscaling_targets(plan, sensors, headroom=-0.1)
 
 
 KAPPA = diurnal_concentration(6.0, 0.05)
@@ -282,3 +292,15 @@ def test_fitted_floors_are_written_in_the_zone_of_the_peak_with_room_above():
         assert scaling.max_replicas >= 1.25 * fitted[pool].highest
     base["autoscaling"] = None                          # no autoscaling: pools only
     assert parse_config(config_document(plan, base, standby=fitted)).autoscaling is None
+
+
+def test_throughput_targets_with_headroom_keep_ahead_of_a_rising_rate():
+    def with_utilisation(share: float) -> AutoscalingConfig:
+        config = _config()
+        return config.model_copy(update={pool: getattr(config, pool).model_copy(
+            update={"target_utilisation": share}) for pool in ("prefill", "decode")})
+
+    exact = _day(with_utilisation(1.0), startup_s=1200)
+    ahead = _day(with_utilisation(1 / 1.2), startup_s=1200)
+    assert ahead.hours_over_slo["ttft"] < exact.hours_over_slo["ttft"] - 0.1
+    assert sum(ahead.gpu_hours.values()) < 1.3 * sum(exact.gpu_hours.values())
