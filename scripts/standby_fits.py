@@ -16,19 +16,11 @@ import argparse
 import sys
 from pathlib import Path
 
-import yaml
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from cluster.config import parse_config  # noqa: E402
 from cluster.planner import cli as plan_cli  # noqa: E402
-from cluster.planner.day import (  # noqa: E402
-    DaySpec,
-    autoscaling_targets,
-    fit_standby,
-    sense,
-)
 from cluster.planner.output import config_document  # noqa: E402
 from cluster.planner.search import search  # noqa: E402
 
@@ -48,28 +40,16 @@ def main() -> None:
     plan_cli.add_parser(commands)
     plan_args = commands.choices["plan"].parse_args(["--rate", args.rate])
     plan = search(plan_cli.inputs_from(plan_args))
-    sensors = sense(plan)
-    base = yaml.safe_load(plan_args.base_config.read_text())
-    parsed = parse_config(base)
-    targets = autoscaling_targets(plan, sensors, plan_args.scaling_headroom)
-    plan_cli._add_downscale_steps(plan_args, plan, parsed, targets)
-    planned = {"prefill": plan.prediction.prefill_replicas,
-               "decode": plan.prediction.decode_replicas}
-    forecast = DaySpec(
-        peak_at_s=plan_cli._peak_epoch(plan_args.peak_at, parsed.autoscaling),
-        peak_to_mean=plan_args.peak_to_mean, startup_s=plan_args.startup_s,
-        drain_s=next(p for p in sensors.points if p.multiple >= 1.0).e2e_p99_s)
-    run = plan_cli._day_runner(plan, sensors, forecast)
+    scaling = plan_cli.scaling_inputs(plan_args, plan)
+    forecast = scaling.forecast
+    run = plan_cli.day_runner(plan, scaling.sensors, forecast)
     print("| slots, margin, shift | windows per pool | "
           + " | ".join(name for name, _, _ in DAYS) + " |")
     print("|---" * (len(DAYS) + 2) + "|")
     for fit in args.fits.split(","):
         slot, margin, shift = fit.split(":")
-        fitted = {pool: fit_standby(n, plan_cli._peak_minute(plan_args.peak_at), forecast,
-                                    int(slot), float(margin), int(shift),
-                                    plan_cli._peak_zone(parsed.autoscaling).key)
-                  for pool, n in planned.items()}
-        config = parse_config(config_document(plan, base, targets, fitted))
+        fitted = scaling.fitted_floors(plan, int(slot), float(margin), int(shift))
+        config = parse_config(config_document(plan, scaling.base, scaling.targets, fitted))
         cells = []
         for _, rate_scale, shift_s in DAYS:
             day = run(config, peak_at_s=forecast.peak_at_s + shift_s, rate_scale=rate_scale)

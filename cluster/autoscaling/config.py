@@ -23,7 +23,8 @@ WEEKDAYS: tuple[Weekday, ...] = ("mon", "tue", "wed", "thu", "fri", "sat", "sun"
 _HH_MM = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)$")
 
 
-def _parse_hh_mm(text: str) -> time:
+def parse_hh_mm(text: str) -> time:
+    """``text`` as a time of day, HH:MM on a 24-hour clock (00:00..23:59)."""
     match = _HH_MM.match(text)
     if match is None:
         raise ValueError(f"expected a time of day as HH:MM (00:00..23:59), got {text!r}")
@@ -79,7 +80,7 @@ class StandbyWindow(StrictModel):
     @field_validator("start", "end")
     @classmethod
     def _time_of_day(cls, text: str) -> str:
-        _parse_hh_mm(text)
+        parse_hh_mm(text)
         return text
 
     @model_validator(mode="after")
@@ -92,11 +93,11 @@ class StandbyWindow(StrictModel):
 
     @property
     def start_time(self) -> time:
-        return _parse_hh_mm(self.start)
+        return parse_hh_mm(self.start)
 
     @property
     def end_time(self) -> time:
-        return _parse_hh_mm(self.end)
+        return parse_hh_mm(self.end)
 
     @property
     def wraps_midnight(self) -> bool:

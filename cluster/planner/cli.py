@@ -10,11 +10,14 @@ latencies, and writes them with a pdserve config of that cluster. docs/planning.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -113,7 +116,7 @@ def add_parser(commands) -> None:
                       "reserves (default: the base config's router.default_max_tokens)")
     plan.add_argument("--no-day", dest="day", action="store_false",
                       help="skip the day under the written config's autoscalers")
-    plan.add_argument("--peak-at", default="20:00",
+    plan.add_argument("--peak-at", type=_time_of_day, default="20:00",
                       help="the day's peak, local time (HH:MM) in the time zone of the "
                       "base config's standby windows (UTC without)")
     plan.add_argument("--downscale-step", type=_positive, default=None,
@@ -173,6 +176,16 @@ def _margin(text: str) -> float:
     if not 0 <= share < math.inf:
         raise argparse.ArgumentTypeError(f"wants a share of 0 or more, not {text}")
     return share
+
+
+def _time_of_day(text: str):
+    """``HH:MM`` as a ``datetime.time`` (argparse refuses anything else with this message)."""
+    from cluster.autoscaling.config import parse_hh_mm
+
+    try:
+        return parse_hh_mm(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"wants HH:MM (00:00..23:59), not {text!r}") from None
 
 
 def _shift_minutes(text: str) -> int:
@@ -460,11 +473,62 @@ def _document_and_day(args, plan):
     early (what the policy must cover above the floors).
     With the base's (``--standby base``): as written, without its standby windows, and
     without its night floors either."""
+    from cluster.config import parse_config
+    from cluster.planner.output import config_document
+
+    scaling = scaling_inputs(args, plan)
+    if scaling.forecast is None:
+        return config_document(plan, scaling.base, scaling.targets), None
+    fitted = None
+    if args.standby == "fitted":
+        fitted = scaling.fitted_floors(plan, margin=args.standby_margin,
+                                       shift_minutes=args.standby_shift_minutes)
+    document = config_document(plan, scaling.base, scaling.targets, fitted)
+    config = parse_config(document, source="the planned cluster")
+    if not args.day or not config.autoscaling.enabled:
+        return document, None
+    based = (parse_config(config_document(plan, scaling.base, scaling.targets),
+                          source="the base's floors") if fitted else None)
+    return document, _days(day_runner(plan, scaling.sensors, scaling.forecast),
+                           scaling.forecast, config, based)
+
+
+@dataclass(frozen=True)
+class ScalingInputs:
+    """What a plan's written autoscaling is fitted from: the base config (as written and
+    parsed), the loads the planned replicas would report (``day.sense``: at each sensed
+    multiple of the peak with the day, at the peak alone without it; None when the base
+    has no autoscaling), each pool's throughput targets and downscale step, the forecast
+    day (None without autoscaling) and the peak's local time of day."""
+
+    base: dict
+    parsed: Any
+    sensors: Any
+    targets: dict
+    forecast: Any
+    peak_at: dt.time
+
+    def fitted_floors(self, plan, slot_minutes: int = 30, margin: float = 0.1,
+                      shift_minutes: int = 60) -> dict:
+        """Each pool's standby floors fitted to the forecast day (``day.fit_standby``),
+        both in the zone the peak's time is read in."""
+        from cluster.planner.day import fit_standby
+
+        zone = _peak_zone(self.parsed.autoscaling).key
+        peak_minute = self.peak_at.hour * 60 + self.peak_at.minute
+        return {pool: fit_standby(replicas, peak_minute, self.forecast, slot_minutes,
+                                  margin, shift_minutes, zone)
+                for pool, replicas in plan.prediction.replicas.items()}
+
+
+def scaling_inputs(args, plan) -> ScalingInputs:
+    """``ScalingInputs`` of ``plan`` under ``pdserve plan``'s parsed ``args``
+    (``--base-config``, ``--day``, ``--scaling-headroom``, ``--downscale-step``,
+    ``--peak-at``, ``--peak-to-mean``, ``--startup-s``)."""
     import yaml
 
     from cluster.config import parse_config
-    from cluster.planner.day import DaySpec, autoscaling_targets, fit_standby, sense
-    from cluster.planner.output import config_document
+    from cluster.planner.day import DaySpec, autoscaling_targets, sense
 
     base = yaml.safe_load(args.base_config.read_text())
     parsed = parse_config(base, source=str(args.base_config))
@@ -476,27 +540,13 @@ def _document_and_day(args, plan):
         sensors = sense(plan, multiples=(1.0,))
     targets = autoscaling_targets(plan, sensors, args.scaling_headroom) if sensors else {}
     _add_downscale_steps(args, plan, parsed, targets)
-    if parsed.autoscaling is None:
-        return config_document(plan, base, targets), None
-    planned = {"prefill": plan.prediction.prefill_replicas,
-               "decode": plan.prediction.decode_replicas}
-    forecast = DaySpec(peak_at_s=_peak_epoch(args.peak_at, parsed.autoscaling),
-                       peak_to_mean=args.peak_to_mean, startup_s=args.startup_s,
-                       drain_s=next(p for p in sensors.points if p.multiple >= 1.0).e2e_p99_s)
-    fitted = None
-    if args.standby == "fitted":         # both pools in the zone of the peak's local time
-        fitted = {pool: fit_standby(replicas, _peak_minute(args.peak_at), forecast,
-                                    margin=args.standby_margin,
-                                    shift_minutes=args.standby_shift_minutes,
-                                    timezone=_peak_zone(parsed.autoscaling).key)
-                  for pool, replicas in planned.items()}
-    document = config_document(plan, base, targets, fitted)
-    config = parse_config(document, source="the planned cluster")
-    if not args.day or not config.autoscaling.enabled:
-        return document, None
-    based = (parse_config(config_document(plan, base, targets), source="the base's floors")
-             if fitted else None)
-    return document, _days(_day_runner(plan, sensors, forecast), forecast, config, based)
+    forecast = None
+    if parsed.autoscaling is not None:
+        forecast = DaySpec(
+            peak_at_s=_peak_epoch(args.peak_at, parsed.autoscaling),
+            peak_to_mean=args.peak_to_mean, startup_s=args.startup_s,
+            drain_s=next(p for p in sensors.points if p.multiple >= 1.0).e2e_p99_s)
+    return ScalingInputs(base, parsed, sensors, targets, forecast, args.peak_at)
 
 
 def _days(day_under, forecast, config, based=None) -> dict:
@@ -523,7 +573,7 @@ def _days(day_under, forecast, config, based=None) -> dict:
     return days
 
 
-def _day_runner(plan, sensors, forecast):
+def day_runner(plan, sensors, forecast):
     """``run(config, without_floors=False, **spec_changes)``: a day under ``config``'s
     autoscalers (without its standby windows and with night floors of one replica if
     asked), the forecast day changed by ``spec_changes``."""
@@ -540,7 +590,7 @@ def _day_runner(plan, sensors, forecast):
             autoscaling = _without_windows(autoscaling)
         return simulate_day(
             replace(forecast, **spec_changes), sensors,
-            (plan.prediction.prefill_replicas, plan.prediction.decode_replicas),
+            tuple(plan.prediction.replicas.values()),
             (plan.inputs.prefill_cost.tp, plan.inputs.decode_cost.tp), autoscaling,
             config.slo, bounds)
     return run
@@ -562,22 +612,18 @@ def _add_downscale_steps(args, plan, base, targets: dict) -> None:
 
     if base.autoscaling is None:
         return
-    planned = {"prefill": plan.prediction.prefill_replicas,
-               "decode": plan.prediction.decode_replicas}
-    for pool, replicas in planned.items():
+    for pool, replicas in plan.prediction.replicas.items():
         scaling = getattr(base.autoscaling, pool)
         step = args.downscale_step or max(scaling.max_downscale_step, fitting_downscale_step(
             replicas, scaling.downscale_cooldown_s, args.peak_to_mean))
         targets.setdefault(pool, {})["max_downscale_step"] = step
 
 
-def _peak_epoch(peak_at: str, autoscaling) -> float:
-    """Epoch seconds of ``peak_at`` (HH:MM) on a fixed Wednesday, local to the standby
-    schedule's zone (UTC without one)."""
-    from datetime import datetime
-
-    hour, minute = divmod(_peak_minute(peak_at), 60)
-    return datetime(2026, 1, 7, hour, minute, tzinfo=_peak_zone(autoscaling)).timestamp()
+def _peak_epoch(peak_at: dt.time, autoscaling) -> float:
+    """Epoch seconds of ``peak_at`` on a fixed Wednesday, local to the standby schedule's
+    zone (UTC without one)."""
+    return dt.datetime.combine(dt.date(2026, 1, 7), peak_at,
+                               tzinfo=_peak_zone(autoscaling)).timestamp()
 
 
 def _peak_zone(autoscaling):
@@ -587,14 +633,3 @@ def _peak_zone(autoscaling):
 
     schedule = autoscaling.decode.standby or autoscaling.prefill.standby
     return schedule.zone if schedule else ZoneInfo("UTC")
-
-
-def _peak_minute(peak_at: str) -> int:
-    """``peak_at`` (HH:MM) as minutes after midnight."""
-    try:
-        hour, minute = (int(part) for part in peak_at.split(":"))
-        if 0 <= hour < 24 and 0 <= minute < 60:
-            return hour * 60 + minute
-    except ValueError:
-        pass
-    raise ValueError(f"--peak-at wants HH:MM, not {peak_at!r}")

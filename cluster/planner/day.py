@@ -36,6 +36,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
 from itertools import pairwise
 
 from cluster.autoscaling.config import AutoscalingConfig, ReplicaBounds
@@ -138,7 +139,7 @@ def sense(plan: Plan, multiples: Sequence[float] = (0.2, 0.4, 0.6, 0.8, 1.0, 1.2
     search simulated it (at 1.0 this is the plan's own prediction), and read one
     replica's reports off it (the means over the read window)."""
     points = []
-    counts = (plan.prediction.prefill_replicas, plan.prediction.decode_replicas)
+    counts = tuple(plan.prediction.replicas.values())
     for multiple in sorted(multiples):
         workload = plan.inputs.workload
         inputs = replace(plan.inputs, workload=replace(workload, rate=workload.rate * multiple))
@@ -199,6 +200,15 @@ class DaySpec:
             raise ValueError("a day needs a positive tick and rate, and one day or more")
         if self.startup_s < 0 or self.drain_s < 0:
             raise ValueError("a replica's start-up and drain times are 0 or more seconds")
+
+    def forecast_share(self, days_after_peak: float) -> float:
+        """The forecast rate ``days_after_peak`` after a peak, as a share of the peak's
+        (the curve repeats daily; ``rate_scale`` is not applied)."""
+        return diurnal_share(days_after_peak % 1.0, self._concentration, self.night_share)
+
+    @cached_property
+    def _concentration(self) -> float:
+        return diurnal_concentration(self.peak_to_mean, self.night_share)
 
 
 @dataclass
@@ -283,7 +293,6 @@ def simulate_day(spec: DaySpec, sensors: Sensors, planned: tuple[int, int],
     pool's ``bounds``), its replicas reporting what ``sensors`` give at their load. The
     planned counts (``planned``: prefill, decode replicas) carry the plan's load per
     replica at the peak rate; ``tps`` are each pool's GPUs per replica."""
-    kappa = diurnal_concentration(spec.peak_to_mean, spec.night_share)
     start = spec.peak_at_s - DAY_S / 2 - (spec.days - 1) * DAY_S
     read_from = start + (spec.days - 1) * DAY_S
     bounds = bounds or {pool: getattr(config, pool).bounds for pool in POOLS}
@@ -291,8 +300,7 @@ def simulate_day(spec: DaySpec, sensors: Sensors, planned: tuple[int, int],
     gpus_by_pool = dict(zip(POOLS, tps, strict=True))
 
     def share_at(now: float) -> float:
-        return spec.rate_scale * diurnal_share(((now - spec.peak_at_s) / DAY_S) % 1.0, kappa,
-                                               spec.night_share)
+        return spec.rate_scale * spec.forecast_share((now - spec.peak_at_s) / DAY_S)
 
     def ideal(pool: str, share: float) -> int:
         return max(1, math.ceil(planned_by_pool[pool] * share))
@@ -485,15 +493,10 @@ def fit_standby(planned: int, peak_minute: float, spec: DaySpec, slot_minutes: i
             or not 0 <= shift_minutes <= 720:
         raise ValueError("fitting floors needs replicas, slots that divide a day, "
                          "margin >= 0 and a shift of 0 to 720 minutes")
-    kappa = diurnal_concentration(spec.peak_to_mean, spec.night_share)
     lead_minutes = math.ceil((spec.startup_s + spec.tick_s) / 60)
-
-    def share(minute: int) -> float:
-        return diurnal_share(((minute - peak_minute) / 1440) % 1.0, kappa, spec.night_share)
-
     floors = []
     for start in range(0, 1440, slot_minutes):
-        highest = max(share(minute) for minute in
+        highest = max(spec.forecast_share((minute - peak_minute) / 1440) for minute in
                       range(start + lead_minutes - shift_minutes,
                             start + slot_minutes + lead_minutes + shift_minutes + 1))
         floors.append(max(1, math.ceil(planned * highest * (1 + margin) - 1e-9)))

@@ -78,28 +78,15 @@ def config_document(plan: Plan, base: dict[str, Any],
     proportion."""
     document = copy.deepcopy(base)
     inputs = plan.inputs
-    sizes = {"prefill": (plan.prediction.prefill_replicas, inputs.prefill_cost.tp),
-             "decode": (plan.prediction.decode_replicas, inputs.decode_cost.tp)}
-    for pool, (replicas, tp) in sizes.items():
+    tps = {"prefill": inputs.prefill_cost.tp, "decode": inputs.decode_cost.tp}
+    for pool, replicas in plan.prediction.replicas.items():
         section = document.setdefault(pool, {})
         base_replicas = section.get("replicas")
         section["replicas"] = replicas
-        section["tensor_parallel_size"] = tp
+        section["tensor_parallel_size"] = tps[pool]
         scaling = (document.get("autoscaling") or {}).get(pool)
         if scaling is not None:
-            fitted = (standby or {}).get(pool)
-            # room above the fitted floors for a day busier than their margin
-            scaling["max_replicas"] = max(scaling.get("max_replicas", 0),
-                                          math.ceil(replicas * 1.05),
-                                          math.ceil(1.25 * fitted.highest) if fitted else 0)
-            if fitted:
-                scaling["min_replicas"] = fitted.night_floor
-                scaling["standby"] = fitted.standby_section()
-            else:
-                scaling["min_replicas"] = _scaled_floor(scaling.get("min_replicas", 1),
-                                                        base_replicas, replicas)
-                for window in (scaling.get("standby") or {}).get("windows", []):
-                    window["min_replicas"] = replicas
+            _write_floors(scaling, replicas, base_replicas, (standby or {}).get(pool))
             scaling.update((targets or {}).get(pool, {}))
     document["engine"]["max_num_batched_tokens"] = inputs.prefill.max_num_batched_tokens
     document["decode"]["max_num_batched_tokens"] = inputs.decode.max_num_batched_tokens
@@ -115,6 +102,25 @@ def config_document(plan: Plan, base: dict[str, Any],
     document.setdefault("slo", {}).update(ttft_p95_s=inputs.slo.ttft_p95_s,
                                           itl_p95_s=inputs.slo.itl_p95_s)
     return document
+
+
+def _write_floors(scaling: dict[str, Any], replicas: int, base_replicas: int | None,
+                  fitted: FittedStandby | None) -> None:
+    """A pool's autoscaling section (``scaling``, changed in place) for ``replicas`` at the
+    peak: its ``fitted`` floors where given, else the base's standby windows holding the
+    planned size and its night floor in proportion to the base's pool
+    (``base_replicas``); a ceiling with room for the policy above either."""
+    # room above the fitted floors for a day busier than their margin
+    scaling["max_replicas"] = max(scaling.get("max_replicas", 0), math.ceil(replicas * 1.05),
+                                  math.ceil(1.25 * fitted.highest) if fitted else 0)
+    if fitted:
+        scaling["min_replicas"] = fitted.night_floor
+        scaling["standby"] = fitted.standby_section()
+        return
+    scaling["min_replicas"] = _scaled_floor(scaling.get("min_replicas", 1), base_replicas,
+                                            replicas)
+    for window in (scaling.get("standby") or {}).get("windows", []):
+        window["min_replicas"] = replicas
 
 
 def _scaled_floor(base_min: int, base_replicas: int | None, replicas: int) -> int:

@@ -92,6 +92,11 @@ class Prediction:
     refused: float = 0.0              # share of the requests admission turned away (their
     #                                   TTFT counts as infinite in the percentiles)
 
+    @property
+    def replicas(self) -> dict[str, int]:
+        """Each pool's replicas, by pool name."""
+        return {"prefill": self.prefill_replicas, "decode": self.decode_replicas}
+
     def meets(self, slo: Slo) -> bool:
         return self.ttft_s["p95"] <= slo.ttft_p95_s and self.itl_s["p95"] <= slo.itl_p95_s
 

@@ -104,7 +104,7 @@ def test_several_thresholds_and_tps_are_each_planned_and_the_cheapest_kept(tmp_p
     (["--accelerator", "tpu9"], "unknown accelerator 'tpu9'"),
     (["--accelerator", "a100", "--fp8"], "a100 has no fp8"),
     (["--model", "/no/such/model"], "no model '/no/such/model'"),
-    (["--peak-at", "25:00"], "--peak-at wants HH:MM, not '25:00'"),
+    (["--peak-at", "25:00"], "--peak-at: wants HH:MM (00:00..23:59), not '25:00'"),
     (["--startup-s", "-1"], "start-up and drain times are 0 or more"),
     (["--allreduce-efficiency", "2"], "efficiency in [0, 1] required"),
     (["--max-tokens", "-5"], "wants 1 or more, not -5"),
