@@ -35,8 +35,13 @@ Both pools together (:func:`decide_app`)
     decision that caused it, so a pool that shrinks slowly cannot hold the other one up.
 
 Rules applied to the needs
-    Scale up to the largest need, but by at most x``max_upscale_factor`` (and at least one
-    replica) per step, and take the next step only once the replicas of the last one are
+    Scale up when the largest need is above the pool, to that need with ``hysteresis`` to
+    spare (need / (1 - ``hysteresis``): the level at which the scale-down rule below holds;
+    not for a latency need, a proportional step already, nor for the companion), but by at
+    most x``max_upscale_factor`` (and at least one replica) per step. The spare is for the
+    minutes a replica takes to start: the load that asked for it keeps rising meanwhile,
+    and replicas sized to the load of the moment they were asked for are too few the moment
+    they serve. Take the next step only once the replicas of the last one are
     running and ``upscale_cooldown_s`` has passed since: a queue of prompt tokens is a stock,
     and sizing a pool to drain a backlog instantly, with replicas that take minutes to
     start, would overshoot. Scale down only when the load fits fewer replicas with
@@ -371,16 +376,31 @@ def _propose(
         wait = _up_wait(view, config, now_s)
         if wait is not None:
             return _Proposal(current, f"{best.why_up(current)}, but {wait}", best.replicas)
+        landing, spare = _landing(best, config.hysteresis)
         step = max(current + 1, math.floor(current * config.max_upscale_factor + _EPS))
-        if wanted > step:
+        if landing > step:
             return _Proposal(step, f"{best.why_up(current)} (step of at most "
                                    f"x{config.max_upscale_factor:g})", best.replicas)
-        return _Proposal(wanted, best.why_up(current), best.replicas)
+        return _Proposal(landing, f"{best.why_up(current)}{spare}", best.replicas)
     if not view.load.reported:
         return _Proposal(current, "no metrics reported", best.replicas)
     # The companion only raises (see decide_app): the load to shrink to is the pool's own.
     own = [need for need in needs if need.signal != "ratio"]
     return _propose_down(view, config, now_s, _largest(own), latency, lower)
+
+
+def _landing(need: Need, hysteresis: float) -> tuple[int, str]:
+    """Where a scale-up for ``need`` lands, and the words for its spare: the level at which
+    the scale-down rule holds (``hysteresis`` to spare), so the grown pool is not already
+    in the band it would shrink from, and replicas that start for minutes while the load
+    rises are not too few when they serve. Only the load needs, which the scale-down rule
+    measures, get the spare: a latency need is a proportional step of its own, and a
+    companion carries the spare of the other pool's new count."""
+    exact = math.ceil(need.replicas - _EPS)
+    if need.signal in ("latency", "ratio") or hysteresis <= 0:
+        return exact, ""
+    landing = math.ceil(need.replicas / (1 - hysteresis) - _EPS)
+    return landing, (f" (to {landing}, {hysteresis:.0%} spare)" if landing > exact else "")
 
 
 def _up_wait(view: PoolView, config: PoolScalingConfig, now_s: float) -> str | None:

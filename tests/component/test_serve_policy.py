@@ -109,14 +109,14 @@ def test_the_deployment_policy_runs_through_serves_wrapper_and_keeps_its_state()
                                "ttft_p95_s": [0.3, 0.3]})
     ctx.config = serve
     replicas, state = policy(ctx)
-    assert replicas == 3
+    assert replicas == 4                   # 41k / 16k, with the hysteresis (20%) to spare
     assert state[serve_policy.STATE_KEY]["last_scale_up_s"] == T
     # Next tick: the state comes back through policy_state; the TTFT breach must wait for
     # the new replica to start.
     ctx = _context("prefill", {"queued_prefill_tokens": [10_000.0, 10_000.0],
-                               "ttft_p95_s": [0.9, 0.9]}, target=3, state=state, now=T + 5)
+                               "ttft_p95_s": [0.9, 0.9]}, target=4, state=state, now=T + 5)
     ctx.config = serve
-    assert policy(ctx)[0] == 3
+    assert policy(ctx)[0] == 4
 
 
 def test_the_app_policy_entry_validates_in_a_serve_application_config():
@@ -190,10 +190,10 @@ def test_each_decision_is_logged_with_its_reason_and_exported(monkeypatch, caplo
     policy = serve_policy.PrefillAutoscalingPolicy(**KWARGS)
     with caplog.at_level("INFO", logger="ray.serve.pdserve.autoscaling"):
         policy(_context("prefill", {"queued_prefill_tokens": [30_000.0, 11_000.0]}))
-    assert "app/prefill (prefill): 2 -> 3, up: queued prefill tokens 41k > 2 x 16k target" in (
-        caplog.text)
+    assert ("app/prefill (prefill): 2 -> 4, up: queued prefill tokens 41k > 2 x 16k target "
+            "(to 4, 20% spare)") in caplog.text
     tags = {"application": "app", "deployment": "prefill", "pool": "prefill"}
-    assert ("pdserve_autoscaling_desired_replicas", tags, 3) in recorded
+    assert ("pdserve_autoscaling_desired_replicas", tags, 4) in recorded
     assert ("pdserve_autoscaling_standby_floor_replicas", tags, 0) in recorded
     assert ("pdserve_autoscaling_scale_events_total", {**tags, "direction": "up"}, 1.0) in (
         recorded)

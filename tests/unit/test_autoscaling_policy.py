@@ -52,8 +52,9 @@ IDLE_DECODE = {"running_seqs": 0.0, "kv_usage": 0.0, "itl_p95_s": 0.02,
 
 def test_queued_prefill_tokens_above_target_scale_up_with_a_readable_reason():
     decision = decide_prefill(prefill_view(2, queued_prefill_tokens=41_000), PREFILL, SLO, T)
-    assert (decision.current, decision.desired, decision.direction) == (2, 3, "up")
-    assert decision.reason == "up: queued prefill tokens 41k > 2 x 16k target"
+    assert (decision.current, decision.desired, decision.direction) == (2, 4, "up")
+    assert decision.reason == ("up: queued prefill tokens 41k > 2 x 16k target "
+                               "(to 4, 20% spare)")
     assert decision.state.last_scale_up_s == T
 
 
@@ -67,10 +68,27 @@ def test_a_ttft_breach_scales_up_in_proportion_but_at_most_by_the_step_factor():
 
 
 def test_prompt_throughput_sizes_prefill_at_its_target_utilisation():
-    # 32768 tokens/s per replica at 75%: 24576 planned; 80k tokens/s need 4 replicas.
-    decision = decide_prefill(prefill_view(2, prompt_tokens_per_s=80_000), PREFILL, SLO, T)
-    assert decision.desired == 4
-    assert decision.reason == "up: prompt 80k tokens/s > 2 x 25k tokens/s"
+    # 32768 tokens/s per replica at 75%: 24576 planned; 80k tokens/s need 3.3 replicas,
+    # and the scale-up lands with the hysteresis (20%) to spare: 3.3 / 0.8 -> 5.
+    decision = decide_prefill(prefill_view(3, prompt_tokens_per_s=80_000), PREFILL, SLO, T)
+    assert decision.need == pytest.approx(80_000 / 24_576)
+    assert decision.desired == 5
+    assert decision.reason == "up: prompt 80k tokens/s > 3 x 25k tokens/s (to 5, 20% spare)"
+
+
+def test_a_scale_up_lands_with_the_spare_the_scale_down_rule_keeps():
+    """After a scale-up the load may grow by 1 / (1 - hysteresis) before the pool needs
+    another (its new replicas serve minutes later, on a load that kept rising), and the
+    same load does not shrink it back."""
+    grown = decide_prefill(prefill_view(4, prompt_tokens_per_s=150_000), PREFILL, SLO, T)
+    assert (grown.direction, grown.desired) == ("up", 8)       # need 6.1, 6.1 / 0.8 -> 8
+    later = T + 3600                                  # the replicas serve, cool-downs passed
+    served = replace(grown.state, ready_since_s=T + 300)
+    settled = f"needs {grown.desired} replicas with 20% headroom"   # neither up nor down
+    for load in (150_000, 150_000 / (1 - PREFILL.hysteresis) * 0.99):
+        again = decide_prefill(prefill_view(grown.desired, prompt_tokens_per_s=load,
+                                            state=served), PREFILL, SLO, later)
+        assert settled in again.reason, (load, again.reason)
 
 
 def test_a_huge_backlog_is_climbed_in_steps_not_in_one_jump():
@@ -175,7 +193,8 @@ def test_decode_scales_on_running_sequences_kv_cache_and_itl():
     seqs = decide_decode(decode_view(2, running_seqs=400), DECODE, SLO, T)
     assert seqs.desired == 4 and seqs.reason == "up: running seqs 400 > 2 x 128 target"
     kv = decide_decode(decode_view(4, kv_usage=0.95), DECODE, SLO, T)
-    assert kv.desired == 5 and kv.reason == "up: mean KV-cache use 95% > 80% target"
+    assert kv.desired == 6 and kv.reason == ("up: mean KV-cache use 95% > 80% target "
+                                             "(to 6, 20% spare)")    # 4.75 / 0.8
     itl = decide_decode(decode_view(4, itl_p95_s=0.08), DECODE, SLO, T)
     assert itl.desired == 7 and itl.reason == "up: p95 ITL 0.08 s > 0.05 s SLO"
     fine = decide_decode(decode_view(4, running_seqs=400, kv_usage=0.6, itl_p95_s=0.03),

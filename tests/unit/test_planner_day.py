@@ -105,7 +105,9 @@ def test_the_fleet_follows_the_rate_between_its_trough_and_the_plan():
     for pool, planned in zip(("prefill", "decode"), PLANNED, strict=True):
         fewest, most = day.replicas[pool]
         assert fewest <= math.ceil(planned * 0.05) + 1
-        assert planned <= most <= planned + 2
+        # a scale-up lands with the hysteresis (20%) to spare, so near the peak the
+        # pool holds up to planned / 0.8, and no more
+        assert planned <= most <= math.ceil(planned / 0.8)
         assert day.scale_events[pool]["up"] > 0 and day.scale_events[pool]["down"] > 0
     assert day.hours_over_slo["itl"] == 0
     assert day.hours_over_slo["ttft"] < 0.5
