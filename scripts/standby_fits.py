@@ -24,7 +24,7 @@ from cluster.planner import cli as plan_cli  # noqa: E402
 from cluster.planner.output import config_document  # noqa: E402
 from cluster.planner.search import search  # noqa: E402
 
-DEFAULT_FITS = ("30:0.1:0,30:0.1:30,30:0.1:60,15:0.1:60,60:0.1:60,30:0:60,30:0.2:60")
+DEFAULT_FITS = ("30:0.1:0,30:0.1:30,30:0.1:60,15:0.1:0,60:0.1:0,30:0:0,30:0.2:0")
 # name, rate over the forecast, the peak's shift in seconds
 DAYS = (("forecast day", 1.0, 0), ("10% busier", 1.1, 0), ("20% busier", 1.2, 0),
         ("peak an hour early", 1.0, -3600))
@@ -48,7 +48,7 @@ def main() -> None:
     print("|---" * (len(DAYS) + 2) + "|")
     for fit in args.fits.split(","):
         slot, margin, shift = fit.split(":")
-        fitted = scaling.fitted_floors(plan, int(slot), float(margin), int(shift))
+        fitted = scaling.fitted_floors(plan, float(margin), int(shift), int(slot))
         config = parse_config(config_document(plan, scaling.base, scaling.targets, fitted))
         cells = []
         for _, rate_scale, shift_s in DAYS:

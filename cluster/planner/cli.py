@@ -134,9 +134,9 @@ def add_parser(commands) -> None:
     plan.add_argument("--scaling-headroom", type=_margin, default=0.1,
                       help="the written throughput targets ask for the load's replicas "
                       "times 1 + this (0: exactly the planned size at the peak)")
-    plan.add_argument("--standby-shift-minutes", type=_shift_minutes, default=60,
+    plan.add_argument("--standby-shift-minutes", type=_shift_minutes, default=0,
                       help="fitted floors: how early or late the day's peak may come "
-                      "(0 to 720)")
+                      "(0 to 720; 0: the policy follows a peak that comes early or late)")
     plan.add_argument("--slice-replicas", type=int, default=32,
                       help="replicas of the smaller pool simulated")
     plan.add_argument("--sim-seconds", type=float, default=40.0)
@@ -508,8 +508,8 @@ class ScalingInputs:
     forecast: Any
     peak_at: dt.time
 
-    def fitted_floors(self, plan, slot_minutes: int = 30, margin: float = 0.1,
-                      shift_minutes: int = 60) -> dict:
+    def fitted_floors(self, plan, margin: float, shift_minutes: int,
+                      slot_minutes: int = 30) -> dict:
         """Each pool's standby floors fitted to the forecast day (``day.fit_standby``),
         both in the zone the peak's time is read in."""
         from cluster.planner.day import fit_standby
@@ -562,7 +562,7 @@ def _days(day_under, forecast, config, based=None) -> dict:
                 "the policy alone": day_under(config, without_floors=True),
                 "a day 10% busier": day_under(config, rate_scale=1.1),
                 "its peak an hour early": day_under(
-                    config, peak_at_s=forecast.peak_at_s - 3600)}  # --standby-shift's default
+                    config, peak_at_s=forecast.peak_at_s - 3600)}
     days = {"as written": day_under(config)}
     if config.autoscaling.prefill.standby or config.autoscaling.decode.standby:
         days["without its standby windows"] = day_under(
