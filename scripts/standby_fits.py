@@ -6,7 +6,7 @@ each combination of slot length, margin and shift given, and simulates each conf
 day under pdserve's autoscaling policy: the forecast day, days 10% and 20% busier, and
 one whose peak comes an hour early. Prints a markdown table (docs/planning.md).
 
-    .venv/bin/python scripts/standby_fits.py                 # ~7 min on 2 cores
+    .venv/bin/python scripts/standby_fits.py                 # 7-15 min on 2 cores
     .venv/bin/python scripts/standby_fits.py --fits 30:0.1:60,30:0.1:0
 """
 

@@ -148,7 +148,8 @@ class PoolScalingConfig(ReplicaBounds):
     hysteresis: float = Field(
         0.2, ge=0, lt=1,
         description="scale down only when the load fits fewer replicas with this much "
-        "spare and latency is this far below the SLO; a scale-up lands with this much spare",
+        "spare and latency is this far below the SLO; a scale-up for a load need lands with "
+        "this much spare (within the step limit)",
     )
     upscale_cooldown_s: float = Field(
         60, ge=0,

@@ -28,17 +28,19 @@ Both pools together (:func:`decide_app`)
 
     Each pool's throughput need already follows this ratio, so a shift towards long
     prompts or long answers moves capacity from one pool to the other. On top, when one
-    pool scales up, the other gets a *companion* need: the new count converted by the
-    ratio, less ``ratio_tolerance``. A burst that shows first in one pool (a prefill queue)
-    thus also raises the pool it reaches next, before that pool is starved of capacity.
+    pool scales up, the other gets a *companion* need: its need (at most its new count, and
+    before the spare below) converted by the ratio, less ``ratio_tolerance``. A burst that
+    shows first in one pool (a prefill queue) thus also raises the pool it reaches next,
+    before that pool is starved of capacity.
     The companion only ever raises: it neither blocks a scale-down nor lasts beyond the
     decision that caused it, so a pool that shrinks slowly cannot hold the other one up.
 
 Rules applied to the needs
     Scale up when the largest need is above the pool, to that need with ``hysteresis`` to
     spare (need / (1 - ``hysteresis``): the level at which the scale-down rule below holds;
-    not for a latency need, a proportional step already, nor for the companion), but by at
-    most x``max_upscale_factor`` (and at least one replica) per step. The spare is for the
+    the highest such level of all needs, where a latency need, a proportional step already,
+    and the companion get none), but by at most x``max_upscale_factor`` (and at least one
+    replica) per step; a spare the step cuts short is not pursued later. The spare is for the
     minutes a replica takes to start: the load that asked for it keeps rising meanwhile,
     and replicas sized to the load of the moment they were asked for are too few the moment
     they serve. Take the next step only once the replicas of the last one are
@@ -370,18 +372,23 @@ def _propose(
 ) -> _Proposal:
     current = view.current
     slow = latency.need(current, config.max_upscale_factor)
-    best = _largest([*needs, *([slow] if slow else [])])
+    candidates = [*needs, *([slow] if slow else [])]
+    best = _largest(candidates)
     wanted = math.ceil(best.replicas - _EPS)
     if wanted > current:
         wait = _up_wait(view, config, now_s)
         if wait is not None:
             return _Proposal(current, f"{best.why_up(current)}, but {wait}", best.replicas)
-        landing, spare = _landing(best, config.hysteresis)
+        # the highest landing of all needs: more load never lands lower, whichever wins
+        landing = max(_landing(need, config.hysteresis) for need in candidates)
         step = max(current + 1, math.floor(current * config.max_upscale_factor + _EPS))
+        factor, spare = f"x{config.max_upscale_factor:g}", f"{config.hysteresis:.0%} spare"
         if landing > step:
-            return _Proposal(step, f"{best.why_up(current)} (step of at most "
-                                   f"x{config.max_upscale_factor:g})", best.replicas)
-        return _Proposal(landing, f"{best.why_up(current)}{spare}", best.replicas)
+            capped = (f"step of at most {factor}" if wanted > step
+                      else f"to {step}, its {spare} capped by the {factor} step")
+            return _Proposal(step, f"{best.why_up(current)} ({capped})", best.replicas)
+        landed = f" (to {landing}, {spare})" if landing > wanted else ""
+        return _Proposal(landing, f"{best.why_up(current)}{landed}", best.replicas)
     if not view.load.reported:
         return _Proposal(current, "no metrics reported", best.replicas)
     # The companion only raises (see decide_app): the load to shrink to is the pool's own.
@@ -389,18 +396,17 @@ def _propose(
     return _propose_down(view, config, now_s, _largest(own), latency, lower)
 
 
-def _landing(need: Need, hysteresis: float) -> tuple[int, str]:
-    """Where a scale-up for ``need`` lands, and the words for its spare: the level at which
-    the scale-down rule holds (``hysteresis`` to spare), so the grown pool is not already
-    in the band it would shrink from, and replicas that start for minutes while the load
-    rises are not too few when they serve. Only the load needs, which the scale-down rule
-    measures, get the spare: a latency need is a proportional step of its own, and a
-    companion carries the spare of the other pool's new count."""
-    exact = math.ceil(need.replicas - _EPS)
+def _landing(need: Need, hysteresis: float) -> int:
+    """Where a scale-up lands for ``need``: the level at which the scale-down rule holds
+    (``hysteresis`` to spare), so the grown pool is not already in the band it would
+    shrink from, and replicas that start for minutes while the load rises are not too
+    few when they serve. Only the load needs, which the scale-down rule measures, get the
+    spare: a latency need is a proportional step of its own, and a companion is a lower
+    bound against starvation (the other pool's need before its spare, by the ratio),
+    which this pool's own load needs raise with their spare once its load arrives."""
     if need.signal in ("latency", "ratio") or hysteresis <= 0:
-        return exact, ""
-    landing = math.ceil(need.replicas / (1 - hysteresis) - _EPS)
-    return landing, (f" (to {landing}, {hysteresis:.0%} spare)" if landing > exact else "")
+        return math.ceil(need.replicas - _EPS)
+    return math.ceil(need.replicas / (1 - hysteresis) - _EPS)
 
 
 def _up_wait(view: PoolView, config: PoolScalingConfig, now_s: float) -> str | None:

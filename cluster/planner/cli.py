@@ -183,7 +183,7 @@ def _time_of_day(text: str):
     from cluster.autoscaling.config import parse_hh_mm
 
     try:
-        return parse_hh_mm(text)
+        return parse_hh_mm(text.strip().zfill(5))        # "8:00" is 08:00
     except ValueError:
         raise argparse.ArgumentTypeError(f"wants HH:MM (00:00..23:59), not {text!r}") from None
 
@@ -534,10 +534,8 @@ def scaling_inputs(args, plan) -> ScalingInputs:
     parsed = parse_config(base, source=str(args.base_config))
     # The written targets need the planned load only; the day needs the loads around it
     sensors = None
-    if args.day:
-        sensors = sense(plan)
-    elif parsed.autoscaling is not None:
-        sensors = sense(plan, multiples=(1.0,))
+    if parsed.autoscaling is not None:
+        sensors = sense(plan) if args.day else sense(plan, multiples=(1.0,))
     targets = autoscaling_targets(plan, sensors, args.scaling_headroom) if sensors else {}
     _add_downscale_steps(args, plan, parsed, targets)
     forecast = None
@@ -590,7 +588,7 @@ def day_runner(plan, sensors, forecast):
             autoscaling = _without_windows(autoscaling)
         return simulate_day(
             replace(forecast, **spec_changes), sensors,
-            tuple(plan.prediction.replicas.values()),
+            tuple(plan.prediction.replicas[pool] for pool in POOLS),
             (plan.inputs.prefill_cost.tp, plan.inputs.decode_cost.tp), autoscaling,
             config.slo, bounds)
     return run

@@ -139,7 +139,7 @@ def sense(plan: Plan, multiples: Sequence[float] = (0.2, 0.4, 0.6, 0.8, 1.0, 1.2
     search simulated it (at 1.0 this is the plan's own prediction), and read one
     replica's reports off it (the means over the read window)."""
     points = []
-    counts = tuple(plan.prediction.replicas.values())
+    counts = tuple(plan.prediction.replicas[pool] for pool in POOLS)
     for multiple in sorted(multiples):
         workload = plan.inputs.workload
         inputs = replace(plan.inputs, workload=replace(workload, rate=workload.rate * multiple))

@@ -84,11 +84,39 @@ def test_a_scale_up_lands_with_the_spare_the_scale_down_rule_keeps():
     assert (grown.direction, grown.desired) == ("up", 8)       # need 6.1, 6.1 / 0.8 -> 8
     later = T + 3600                                  # the replicas serve, cool-downs passed
     served = replace(grown.state, ready_since_s=T + 300)
-    settled = f"needs {grown.desired} replicas with 20% headroom"   # neither up nor down
     for load in (150_000, 150_000 / (1 - PREFILL.hysteresis) * 0.99):
         again = decide_prefill(prefill_view(grown.desired, prompt_tokens_per_s=load,
                                             state=served), PREFILL, SLO, later)
-        assert settled in again.reason, (load, again.reason)
+        # neither up nor down wanted (a wanted scale-down would be "down to N wanted")
+        assert again.direction == "hold" and "down to" not in again.reason, again.reason
+
+
+def test_more_load_lands_no_lower_when_a_latency_need_wins():
+    """The highest landing of all needs counts, not the winning need's alone: a TTFT just
+    over the SLO asks for a step without spare (4 -> 5) beside a throughput need of 4.4,
+    which lands at 6 with its spare."""
+    rate = 4.2 * 24_576
+    calm = decide_prefill(prefill_view(4, prompt_tokens_per_s=rate, ttft_p95_s=0.49),
+                          PREFILL, SLO, T)
+    busier = decide_prefill(prefill_view(4, prompt_tokens_per_s=rate * 1.05,
+                                         ttft_p95_s=0.5145), PREFILL, SLO, T)
+    assert calm.desired == 6                                  # 4.2 / 0.8 -> 6
+    assert busier.desired == 6 and busier.reason == (
+        "up: p95 TTFT 0.51 s > 0.50 s SLO (to 6, 20% spare)")
+
+
+def test_without_hysteresis_a_scale_up_lands_on_the_need():
+    exact = PREFILL.model_copy(update={"hysteresis": 0.0})
+    decision = decide_prefill(prefill_view(3, prompt_tokens_per_s=80_000), exact, SLO, T)
+    assert decision.desired == 4 and "spare" not in decision.reason      # 3.3 -> 4
+
+
+def test_a_spare_the_step_cuts_short_says_so():
+    decision = decide_prefill(prefill_view(4, prompt_tokens_per_s=7.5 * 24_576),
+                              PREFILL, SLO, T)
+    assert decision.desired == 8                      # need 7.5 fits the x2 step; 9.4 not
+    assert decision.reason == ("up: prompt 184k tokens/s > 4 x 25k tokens/s "
+                               "(to 8, its 20% spare capped by the x2 step)")
 
 
 def test_a_huge_backlog_is_climbed_in_steps_not_in_one_jump():
@@ -250,6 +278,19 @@ def test_decode_scaling_up_takes_prefill_along_too():
     assert both.decode.direction == "up"
     assert both.prefill.desired > decide_prefill(prefill, PREFILL, SLO, T).desired
     assert "decode scaling to" in both.prefill.reason
+
+
+def test_a_companion_need_gets_no_spare_of_its_own():
+    """The companion is a lower bound against starvation: decode's need by the mix (2.7
+    prefill replicas) lands prefill at 3, not at 2.7 / 0.8 -> 4; prefill's own load
+    needs add their spare when its load arrives."""
+    prefill = prefill_view(2, queued_prefill_tokens=0.0, ttft_p95_s=0.1,
+                           prompt_tokens_per_s=20_000)
+    decode = decode_view(5, running_seqs=1300, kv_usage=0.5, itl_p95_s=0.03,
+                         output_tokens_per_s=5_000)
+    both = decide_app(prefill, decode, CONFIG, SLO, T)
+    assert both.prefill.need == pytest.approx(2.7, abs=0.05)
+    assert both.prefill.desired == 3 and "spare" not in both.prefill.reason
 
 
 def test_the_coupling_never_blocks_a_scale_down():

@@ -106,8 +106,9 @@ def test_the_fleet_follows_the_rate_between_its_trough_and_the_plan():
         fewest, most = day.replicas[pool]
         assert fewest <= math.ceil(planned * 0.05) + 1
         # a scale-up lands with the hysteresis (20%) to spare, so near the peak the
-        # pool holds up to planned / 0.8, and no more
-        assert planned <= most <= math.ceil(planned / 0.8)
+        # pool holds more than the plan (landing on the need, it held at most 2 more),
+        # and no more than planned / 0.8
+        assert planned + 2 < most <= math.ceil(planned / 0.8)
         assert day.scale_events[pool]["up"] > 0 and day.scale_events[pool]["down"] > 0
     assert day.hours_over_slo["itl"] == 0
     assert day.hours_over_slo["ttft"] < 0.5
