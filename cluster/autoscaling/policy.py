@@ -431,8 +431,11 @@ def _propose_down(
     current, state = view.current, view.state
     keep = math.ceil(load.replicas / (1 - config.hysteresis) - _EPS)
     if keep >= current:
-        return _Proposal(current, f"{load.observed} needs {current} replicas "
-                                  f"with {config.hysteresis:.0%} headroom", load.replicas)
+        # keep > current: the load fits as it is, but not with the headroom; a scale-up
+        # goes by the need without it, so the pool holds
+        held = "" if keep == current else f", holding {current}"
+        return _Proposal(current, f"{load.observed} needs {keep} replicas "
+                                  f"with {config.hysteresis:.0%} headroom{held}", load.replicas)
     if not latency.allows_down(config.hysteresis):
         return _Proposal(current, f"{latency.name} {latency.p95_s:.2f} s within "
                                   f"{config.hysteresis:.0%} of {latency.slo_s:.2f} s SLO",

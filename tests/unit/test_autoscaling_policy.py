@@ -176,7 +176,11 @@ def test_load_inside_the_hysteresis_band_or_latency_near_the_slo_holds():
     # 3 replicas of load: 3 fit in 3, but not with 20% spare in 3 -> no scale-down from 4.
     band = decide_prefill(prefill_view(4, queued_prefill_tokens=3 * 16384 * 0.9), PREFILL, SLO,
                           T)
-    assert band.direction == "hold" and "needs 4 replicas" in band.reason
+    assert band.direction == "hold" and band.reason.endswith("needs 4 replicas with 20% headroom")
+    # 3.9 replicas of load fit in 4 with no scale-up, but need 5 with the spare: said as such
+    full = decide_prefill(prefill_view(4, queued_prefill_tokens=3.9 * 16384), PREFILL, SLO, T)
+    assert full.direction == "hold" and full.reason.endswith(
+        "needs 5 replicas with 20% headroom, holding 4")
     near_slo = decide_prefill(prefill_view(4, ttft_p95_s=0.45), PREFILL, SLO, T)
     assert near_slo.direction == "hold" and "within 20% of 0.50 s SLO" in near_slo.reason
 
