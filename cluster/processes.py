@@ -65,8 +65,19 @@ def start(name: str, args: list[str], base_url: str, log_dir: Path, cwd: Path,
     process = subprocess.Popen(
         args, cwd=cwd, stdout=log.open("w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         start_new_session=True, env={**os.environ, **(env or {})},
+        preexec_fn=_interruptible,
     )
     return ManagedServer(name, process, log, base_url)
+
+
+def _interruptible() -> None:
+    """In the child before exec: SIGINT back to its default action.
+
+    A shell runs a background job (``make test &``, a CI runner's ``nohup``) with SIGINT
+    ignored, and an ignored signal stays ignored across exec: ``stop``'s SIGINT would then
+    be lost and every server would sit out the timeout before being killed.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_ready(server: ManagedServer, timeout_s: float = 420) -> None:
