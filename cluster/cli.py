@@ -224,13 +224,29 @@ def _start_ray(config: PDServeConfig) -> None:
     from cluster.serve_env import node_env
 
     os.environ.update(node_env(config.router.transport, config.router.ingress,
-                               config.router.haproxy))
+                               config.router.haproxy, _haproxy_command(config)))
     ray.init(
         num_cpus=config.ray.num_cpus,
         include_dashboard=False,
         _node_ip_address=config.ray.node_ip_address,
         _metrics_export_port=config.ray.metrics_export_port,
     )
+
+
+def _haproxy_command(config: PDServeConfig) -> str | None:
+    """``pdserve-haproxy`` beside this interpreter, for a cluster behind HAProxy; None
+    (with a warning: HAProxy then answers with Ray's plain-text page) where pdserve was
+    not installed with its commands."""
+    if config.router.ingress != "haproxy":
+        return None
+    from router.haproxy_edge import COMMAND
+
+    command = Path(sys.executable).with_name(COMMAND)
+    if command.is_file() and os.access(command, os.X_OK):
+        return str(command)
+    print(f"pdserve: {command} is missing (pdserve not installed as a package?): HAProxy "
+          "will answer a lost router replica with Ray's plain-text 500", file=sys.stderr)
+    return None
 
 
 def run_on_serving_cores(config: PDServeConfig) -> int:

@@ -9,6 +9,7 @@ starts a local cluster, and `ray up`'s cluster files export them before `ray sta
 from __future__ import annotations
 
 from cluster.config import HAProxyPorts
+from router.haproxy_edge import HAPROXY_BINARY_ENV
 from router.proxy_edge import proxy_env
 
 # Serve's gRPC data plane (router.transport "grpc"; the variables of Ray 2.60's
@@ -38,11 +39,14 @@ HAPROXY_INGRESS_ENV = {
 
 
 def node_env(transport: str, ingress: str = "proxy",
-             haproxy: HAProxyPorts | None = None) -> dict[str, str]:
+             haproxy: HAProxyPorts | None = None,
+             haproxy_command: str | None = None) -> dict[str, str]:
     """The variables a node's processes need: the proxy's middleware always, those of
     Serve's gRPC data plane when ``transport`` (``router.transport``) is "grpc", and
     HAProxy's direct ingress when ``ingress`` (``router.ingress``) is "haproxy", with
-    HAProxy's own ports (``router.haproxy``; Ray's defaults when None)."""
+    HAProxy's own ports (``router.haproxy``; Ray's defaults when None) and, given its
+    path on the node, ``pdserve-haproxy`` as the binary Ray starts (HAProxy behind
+    pdserve's error page: router/haproxy_edge.py)."""
     env = proxy_env()
     if transport == "grpc":
         env.update(GRPC_DATA_PLANE_ENV)
@@ -51,4 +55,6 @@ def node_env(transport: str, ingress: str = "proxy",
         ports = haproxy or HAProxyPorts()
         env["RAY_SERVE_HAPROXY_STATS_PORT"] = str(ports.stats_port)
         env["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(ports.metrics_port)
+        if haproxy_command is not None:
+            env[HAPROXY_BINARY_ENV] = haproxy_command
     return env

@@ -137,3 +137,12 @@ def wait_until_idle(base_url: str, timeout_s: float = 60,
         if time.monotonic() > deadline:
             pytest.fail(f"engines still busy or holding KV after {timeout_s}s: {stats}")
         time.sleep(0.5)
+
+
+def wait_for(condition, what: str, timeout_s: float) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} not within {timeout_s}s")
+        time.sleep(0.5)

@@ -31,7 +31,7 @@ import ray
 
 from cluster.config import load_config
 from router.sse import sse_lines
-from tests.integration.conftest import LOG_DIR, REPO, serving
+from tests.integration.conftest import LOG_DIR, REPO, serving, wait_for
 from tests.integration.engine_processes import is_spawned_as
 from tests.integration.prometheus import scrape, total
 
@@ -126,14 +126,6 @@ def gone(pids: list[int]) -> bool:
         except psutil.NoSuchProcess:
             pass
     return True
-
-
-def wait_for(condition, what: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} not within {timeout_s}s")
-        time.sleep(0.5)
 
 
 def engines_quiet(max_cpu_s: float = 0.05):

@@ -17,8 +17,11 @@ import json
 import os
 import signal
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import openai
+import psutil
 import pytest
 import yaml
 
@@ -38,15 +41,18 @@ from tests.integration.conftest import (
     _ready_or_fail,
     _wait_for_exit,
     engine_stats,
+    wait_for,
     wait_until_idle,
 )
-from tests.integration.openai_http import generate
+from tests.integration.openai_http import API_KEY, generate
 from tests.integration.test_equivalence import prose
 
 pytestmark = [pytest.mark.integration, pytest.mark.levers]
 
 BASE_CONFIG_PATH = REPO / "tests/integration/pdserve-quantized.yaml"
 REFERENCE_PORT = 8545
+# Long enough to be running still when the test has seen it start and killed its router.
+KILLED_REQUEST_TOKENS = 2000
 FP8_BYTES = 1
 
 
@@ -168,3 +174,40 @@ def test_a_long_prompts_kv_moves_over_nixl_at_the_caches_element_size(quantized)
     assert engine_stats(url)["prefill"]["kv_cache_usage"] == 0  # blocks released
     if no_fp8 is not None:
         pytest.skip(f"the KV moved in float32: this CPU cannot hold an fp8 cache ({no_fp8})")
+
+
+# Last in the module: it kills the cluster's router replica (Serve starts another).
+def test_a_router_replica_killed_under_a_request_is_answered_through_the_clients_retry(
+        quantized):
+    """The router replica holding a request is SIGKILLed. HAProxy answers the cut request
+    with pdserve's JSON 503 and ``Retry-After`` if it rode a new connection to the replica
+    (router/haproxy_edge.py), or closes the client's connection without an answer if it
+    rode a reused one (HAProxy's way under Ray's ``http-reuse always``: the client is to
+    retry). The OpenAI client retries either; its retry is answered in full, through
+    Serve's proxy or the replica Serve starts in place of the dead one, and the engines end
+    up holding nothing for the request the dead replica had started."""
+    url, _, document, _ = quantized
+    wait_until_idle(url)
+    [victim] = _router_replicas()
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=5,
+                           timeout=180)
+    with ThreadPoolExecutor(1) as caller:
+        pending = caller.submit(
+            client.completions.with_raw_response.create, model=document["model"]["name"],
+            prompt="hello", max_tokens=KILLED_REQUEST_TOKENS, temperature=0,
+            extra_body={"ignore_eos": True})
+        wait_for(lambda: engine_stats(url)["decode"]["num_running"] > 0,
+                 "the request running on the decode engine", 60)
+        os.kill(victim, signal.SIGKILL)
+        answer = pending.result()
+    assert answer.retries_taken >= 1  # the first attempt died with the replica
+    assert answer.parse().usage.completion_tokens == KILLED_REQUEST_TOKENS
+    wait_for(lambda: _router_replicas() - {victim}, "a new router replica", 120)
+    wait_until_idle(url)
+
+
+def _router_replicas() -> set[int]:
+    """The pids of the router's replica processes (by the title Ray gives them)."""
+    title = "ray::ServeReplica:pdserve:router"  # then ".method" while a call runs in it
+    return {process.pid for process in psutil.process_iter(["name"])
+            if (name := process.info["name"] or "") == title or name.startswith(f"{title}.")}

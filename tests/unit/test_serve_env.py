@@ -68,6 +68,17 @@ def test_haproxy_ingress_turns_on_rays_direct_ingress_beside_the_data_plane():
     assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
 
 
+def test_haproxy_starts_through_pdserves_command_where_the_node_has_it():
+    """Ray starts the binary RAY_SERVE_HAPROXY_BINARY_PATH names: pdserve-haproxy, which
+    puts pdserve's error page in place of Ray's (router/haproxy_edge.py)."""
+    command = "/venv/bin/pdserve-haproxy"
+    env = node_env("grpc", "haproxy", haproxy_command=command)
+    assert env["RAY_SERVE_HAPROXY_BINARY_PATH"] == command
+    assert "RAY_SERVE_HAPROXY_BINARY_PATH" not in node_env("grpc", "haproxy")
+    assert "RAY_SERVE_HAPROXY_BINARY_PATH" not in node_env("grpc", "proxy",
+                                                           haproxy_command=command)
+
+
 def test_a_clusters_haproxy_ports_are_its_own():
     """Ray keeps HAProxy's files apart per node, not its stats and metrics listeners: a
     second cluster on the host sets its own (router.haproxy)."""

