@@ -221,10 +221,11 @@ def _start_ray(config: PDServeConfig) -> None:
     # What Serve's processes read at their start (the proxy's middleware that makes its
     # own answers OpenAI errors, the gRPC data plane): a local cluster's processes inherit
     # it from here (ray_configs' cluster files export it before `ray start`).
-    from cluster.serve_env import node_env
+    from cluster.serve_env import HAPROXY_BINARY_ENV, node_env
 
     os.environ.update(node_env(config.router.transport, config.router.ingress,
-                               config.router.haproxy, _haproxy_command(config)))
+                               config.router.haproxy, _haproxy_command(config),
+                               os.environ.get(HAPROXY_BINARY_ENV)))
     ray.init(
         num_cpus=config.ray.num_cpus,
         include_dashboard=False,
@@ -239,9 +240,9 @@ def _haproxy_command(config: PDServeConfig) -> str | None:
     not installed with its commands."""
     if config.router.ingress != "haproxy":
         return None
-    from router.haproxy_edge import COMMAND
+    from cluster.serve_env import HAPROXY_COMMAND
 
-    command = Path(sys.executable).with_name(COMMAND)
+    command = Path(sys.executable).with_name(HAPROXY_COMMAND)
     if command.is_file() and os.access(command, os.X_OK):
         return str(command)
     print(f"pdserve: {command} is missing (pdserve not installed as a package?): HAProxy "

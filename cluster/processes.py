@@ -73,9 +73,9 @@ def start(name: str, args: list[str], base_url: str, log_dir: Path, cwd: Path,
 def _interruptible() -> None:
     """In the child before exec: SIGINT back to its default action.
 
-    A shell runs a background job (``make test &``, a CI runner's ``nohup``) with SIGINT
-    ignored, and an ignored signal stays ignored across exec: ``stop``'s SIGINT would then
-    be lost and every server would sit out the timeout before being killed.
+    A non-interactive shell starts a background job (``make test &``) with SIGINT ignored,
+    and an ignored signal stays ignored across exec: ``stop``'s SIGINT would then be lost
+    and every server would sit out the timeout before being killed.
     """
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 

