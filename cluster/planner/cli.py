@@ -139,7 +139,9 @@ def add_parser(commands) -> None:
                       "(0 to 720; 0: the policy follows a peak that comes early or late)")
     plan.add_argument("--slice-replicas", type=int, default=32,
                       help="replicas of the smaller pool simulated")
-    plan.add_argument("--sim-seconds", type=float, default=40.0)
+    plan.add_argument("--sim-seconds", type=_sim_seconds, default=40.0,
+                      help="simulated seconds of traffic per configuration tried, past "
+                      "a warm-up of 10 that is not read")
     plan.add_argument("--seed", type=int, default=0)
     plan.add_argument("--base-config", type=Path, default=REPO / "ray_configs/prod-70b.yaml")
     plan.add_argument("--out", type=Path, default=None,
@@ -176,6 +178,18 @@ def _margin(text: str) -> float:
     if not 0 <= share < math.inf:
         raise argparse.ArgumentTypeError(f"wants a share of 0 or more, not {text}")
     return share
+
+
+def _sim_seconds(text: str) -> float:
+    """Seconds longer than the warm-up the simulation discards (argparse refuses others
+    with this message: with none left, no request would be measured)."""
+    from cluster.planner.search import WARMUP_S
+
+    seconds = float(text)
+    if not WARMUP_S < seconds < math.inf:
+        raise argparse.ArgumentTypeError(
+            f"wants more than the {WARMUP_S:g} s warm-up that is not read, not {text}")
+    return seconds
 
 
 def _time_of_day(text: str):

@@ -30,6 +30,10 @@ from cluster.planner.des import (
 from cluster.planner.model import prefill_pairs
 from cluster.planner.workload import diurnal_shape, mean_lengths, requests
 
+# Simulated seconds read for nothing: the slice starts empty, and its first requests
+# meet idle engines no steady load would give them.
+WARMUP_S = 10.0
+
 
 @dataclass(frozen=True)
 class Slo:
@@ -52,7 +56,7 @@ class PlanInputs:
     threshold_tokens: int = 256
     report_interval_s: float = 1.0
     sim_seconds: float = 40.0
-    warmup_s: float = 10.0
+    warmup_s: float = WARMUP_S
     slice_replicas: int = 32          # of the smaller pool simulated (docs/planning.md)
     # Cost levers (docs/cost.md): the share of requests the router's response cache
     # answers (the engines never see them) and of prompt tokens the engines' prefix

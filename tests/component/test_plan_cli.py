@@ -110,6 +110,7 @@ def test_several_thresholds_and_tps_are_each_planned_and_the_cheapest_kept(tmp_p
     (["--max-tokens", "-5"], "wants 1 or more, not -5"),
     (["--standby-margin", "-0.1"], "wants a share of 0 or more, not -0.1"),
     (["--standby-shift-minutes", "900"], "wants 0 to 720 minutes, not 900"),
+    (["--sim-seconds", "10"], "wants more than the 10 s warm-up that is not read, not 10"),
 ])
 def test_what_cannot_be_planned_is_refused_with_a_message(option, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
