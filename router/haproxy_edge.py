@@ -35,11 +35,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from cluster.serve_env import HAPROXY_BINARY_ENV, HAPROXY_COMMAND, HAPROXY_REAL_BINARY_ENV
-from router.proxy_edge import LOST_REPLICA_MESSAGE, error_body
+from router.proxy_edge import LOST_REPLICA_MESSAGE, LOST_REPLICA_RETRY_AFTER_S, error_body
 
 # The statuses HAProxy answers on its own when the router replicas give no answer.
 GATEWAY_STATUSES = ("502", "503", "504")
-RETRY_AFTER_S = 1
 _ERRORFILE = re.compile(r"^\s*errorfile\s+(\d{3})\s+(\S+)\s*$")
 
 
@@ -49,7 +48,7 @@ def error_page() -> bytes:
     body = error_body(503, LOST_REPLICA_MESSAGE)
     head = ("HTTP/1.1 503 Service Unavailable\r\n"
             "Content-Type: application/json\r\n"
-            f"Retry-After: {RETRY_AFTER_S}\r\n"
+            f"Retry-After: {LOST_REPLICA_RETRY_AFTER_S}\r\n"
             "Cache-Control: no-cache\r\n"
             "Connection: close\r\n"
             f"Content-Length: {len(body)}\r\n\r\n")

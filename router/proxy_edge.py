@@ -37,6 +37,9 @@ _TYPE_BY_STATUS = {408: "timeout", 429: "rate_limit_exceeded", 500: "internal_er
 PROXY_HINT_HEADERS = (b"x-request-timeout-seconds", b"x-request-disconnect-disabled")
 LOST_REPLICA_MESSAGE = ("The router replica serving this request was lost before it "
                         "answered; send the request again.")
+# Seconds a client waits before sending a request whose router replica was lost: by then
+# Serve (or HAProxy) sends it to a replica that is up.
+LOST_REPLICA_RETRY_AFTER_S = 1
 CUT_STREAM_MESSAGE = "The router replica serving this stream was lost; the stream is incomplete."
 
 
@@ -140,7 +143,8 @@ class _Relay:
             await self._send_rewritten()
         elif not self._started:
             body = error_body(503, LOST_REPLICA_MESSAGE)
-            await self._send(_json_start(503, body, [(b"retry-after", b"1")]))
+            await self._send(_json_start(
+                503, body, [(b"retry-after", str(LOST_REPLICA_RETRY_AFTER_S).encode())]))
             await self._send({"type": "http.response.body", "body": body})
         elif not self._complete and self._streaming:
             event = b"data: " + error_body(503, CUT_STREAM_MESSAGE) + b"\n\n"

@@ -10,8 +10,8 @@ The upstream is a real keep-alive HTTP/1.1 server process, killed with SIGKILL.
 
 What HAProxy answers for a killed server depends on the connection the request rode: a new
 one gets the 502 (pdserve's page); an idle one HAProxy reused gets no answer at all, the
-client's connection is closed, as a server closing an idle keep-alive connection would
-(HAProxy's signal to retry). Both are pinned here, as Ray configures HAProxy.
+client's connection is closed, as a server closing an idle keep-alive connection would.
+Both are pinned here, as Ray configures HAProxy.
 """
 
 from __future__ import annotations
@@ -31,19 +31,20 @@ from pathlib import Path
 import pytest
 
 from cluster.serve_env import HAPROXY_BINARY_ENV, HAPROXY_COMMAND
-from router.haproxy_edge import RETRY_AFTER_S, error_page
+from router.haproxy_edge import error_page
+from router.proxy_edge import LOST_REPLICA_RETRY_AFTER_S
 
 RAY_PAGE = ("HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\n"
             "Content-Length: 21\r\n\r\nInternal Server Error")
 # An upstream that answers /ok and, on /hang, says so on stdout and never answers.
 UPSTREAM = """
-import http.server, sys, time
+import http.server, sys, threading
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as Serve's replicas: HAProxy reuses it
     def do_GET(self):
         if self.path == "/hang":
             print("hanging", flush=True)
-            time.sleep(3600)
+            threading.Event().wait()  # never answers: the test kills this process
         self.send_response(200)
         self.send_header("Content-Length", "2")
         self.end_headers()
@@ -141,7 +142,7 @@ def edge(tmp_path: Path) -> Iterator[tuple[int, subprocess.Popen, Path, subproce
 def _assert_pdserve_answer(status: int, headers: http.client.HTTPMessage, body: bytes) -> None:
     """(Header names are matched regardless of case: HAProxy sends them in lower case.)"""
     assert status == 503, body
-    assert headers["Retry-After"] == str(RETRY_AFTER_S)
+    assert headers["Retry-After"] == str(LOST_REPLICA_RETRY_AFTER_S)
     assert headers["Content-Type"] == "application/json"
     error = json.loads(body)["error"]
     assert error["type"] == error["code"] == "service_unavailable"
