@@ -600,14 +600,22 @@ class ResponseCacheConfig(StrictModel):
         return self
 
 
-class HAProxyPorts(StrictModel):
+class HAProxyConfig(StrictModel):
     """HAProxy's own listeners on each node with ``router.ingress: haproxy`` (Ray's
-    ``RAY_SERVE_HAPROXY_STATS_PORT`` and ``_METRICS_PORT``). Ray keeps HAProxy's files
-    apart per node, but not these: two clusters on one host need their own."""
+    ``RAY_SERVE_HAPROXY_STATS_PORT`` and ``_METRICS_PORT``: Ray keeps HAProxy's files
+    apart per node, but not these, so two clusters on one host need their own), and how
+    long a leaving router replica drains."""
 
     stats_port: int = Field(8404, ge=1, le=65535, description="HAProxy's stats page")
     metrics_port: int = Field(9101, ge=1, le=65535,
                               description="HAProxy's Prometheus exporter")
+    min_drain_s: float = Field(
+        30.0, ge=0, description="a router replica that leaves (replaced, scaled in, shut "
+        "down) keeps its HTTP server at least this long, so that whatever balances over "
+        "the replicas stops sending to it first (Ray's "
+        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S; 30, Ray's default, is sized for "
+        "a cloud load balancer's deregistration). Every replacement and `pdserve down` "
+        "waits it out")
 
 
 class RouterConfig(StrictModel):
@@ -653,7 +661,7 @@ class RouterConfig(StrictModel):
         "per request and chunk, but HAProxy answers on its own, with no router replica "
         "up, a plain 500. See docs/design.md, 'HAProxy ingress'",
     )
-    haproxy: HAProxyPorts = HAProxyPorts()
+    haproxy: HAProxyConfig = HAProxyConfig()
     admission: AdmissionConfig = AdmissionConfig()
     auth: AuthConfig = AuthConfig()
     routing: RoutingConfig = RoutingConfig()

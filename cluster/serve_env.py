@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from router.proxy_edge import proxy_env
 
 if TYPE_CHECKING:
-    from cluster.config import HAProxyPorts
+    from cluster.config import HAProxyConfig
 
 # Serve's gRPC data plane (router.transport "grpc"; the variables of Ray 2.60's
 # RAY_SERVE_THROUGHPUT_OPTIMIZED that pdserve wants, without its direct ingress):
@@ -45,16 +45,20 @@ HAPROXY_INGRESS_ENV = {
 HAPROXY_BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"
 HAPROXY_REAL_BINARY_ENV = "PDSERVE_HAPROXY_BINARY"
 HAPROXY_COMMAND = "pdserve-haproxy"
+# The least time a leaving router replica keeps serving under direct ingress (Serve's
+# controller reads it: router.haproxy.min_drain_s).
+DIRECT_INGRESS_DRAIN_ENV = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"
 
 
 def node_env(transport: str, ingress: str = "proxy",
-             haproxy: HAProxyPorts | None = None,
+             haproxy: HAProxyConfig | None = None,
              haproxy_command: str | None = None,
              operators_haproxy: str | None = None) -> dict[str, str]:
     """The variables a node's processes need: the proxy's middleware always, those of
     Serve's gRPC data plane when ``transport`` (``router.transport``) is "grpc", and
     HAProxy's direct ingress when ``ingress`` (``router.ingress``) is "haproxy", with
-    HAProxy's own ports (``router.haproxy``; Ray's defaults when None) and, given its
+    HAProxy's own ports and a leaving router replica's drain (``router.haproxy``;
+    Ray's defaults when None) and, given its
     path on the node, ``pdserve-haproxy`` as the binary Ray starts (HAProxy behind
     pdserve's error page: router/haproxy_edge.py), which then starts
     ``operators_haproxy`` (what the operator had set Ray's variable to) if given."""
@@ -65,11 +69,12 @@ def node_env(transport: str, ingress: str = "proxy",
         env.update(HAPROXY_INGRESS_ENV)
         # Imported here: pdserve-haproxy reads this module's names at every HAProxy start
         # and reload, and the config's models would triple its start-up.
-        from cluster.config import HAProxyPorts
+        from cluster.config import HAProxyConfig
 
-        ports = haproxy or HAProxyPorts()
-        env["RAY_SERVE_HAPROXY_STATS_PORT"] = str(ports.stats_port)
-        env["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(ports.metrics_port)
+        settings = haproxy or HAProxyConfig()
+        env["RAY_SERVE_HAPROXY_STATS_PORT"] = str(settings.stats_port)
+        env["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(settings.metrics_port)
+        env[DIRECT_INGRESS_DRAIN_ENV] = str(settings.min_drain_s)
         if haproxy_command is not None:
             env[HAPROXY_BINARY_ENV] = haproxy_command
             if operators_haproxy and operators_haproxy != haproxy_command:

@@ -63,7 +63,8 @@ def test_haproxy_ingress_turns_on_rays_direct_ingress_beside_the_data_plane():
     env = node_env("grpc", "haproxy")
     assert env == {**proxy_env(), **GRPC_DATA_PLANE_ENV, **HAPROXY_INGRESS_ENV,
                    "RAY_SERVE_HAPROXY_STATS_PORT": "8404",      # Ray's own defaults
-                   "RAY_SERVE_HAPROXY_METRICS_PORT": "9101"}
+                   "RAY_SERVE_HAPROXY_METRICS_PORT": "9101",
+                   "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "30.0"}
     assert env["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
     assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
 
@@ -101,7 +102,22 @@ def test_a_clusters_haproxy_ports_are_its_own():
     env = node_env("grpc", config.router.ingress, config.router.haproxy)
     assert env["RAY_SERVE_HAPROXY_STATS_PORT"] == "8544"
     assert env["RAY_SERVE_HAPROXY_METRICS_PORT"] == "8545"
+    assert env["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] == "30.0"  # Ray's default
     assert "RAY_SERVE_HAPROXY_STATS_PORT" not in node_env("grpc", "proxy", config.router.haproxy)
+
+
+def test_a_leaving_router_replicas_drain_is_the_clusters_choice():
+    """Serve's controller keeps a leaving direct-ingress replica at least
+    RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S; router.haproxy.min_drain_s sets it."""
+    config = parse_config({"model": {"name": "m", "path": "/m"}, "router": {
+        "ingress": "haproxy", "haproxy": {"min_drain_s": 2.5}}})
+    env = node_env("grpc", config.router.ingress, config.router.haproxy)
+    assert env["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] == "2.5"
+    assert "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S" not in node_env(
+        "grpc", "proxy", config.router.haproxy)
+    with pytest.raises(ValueError, match="min_drain_s"):
+        parse_config({"model": {"name": "m", "path": "/m"},
+                      "router": {"haproxy": {"min_drain_s": -1}}})
 
 
 def test_an_unknown_ingress_is_refused_by_the_config():
