@@ -245,8 +245,9 @@ def _haproxy_command(config: PDServeConfig) -> str | None:
     command = Path(sys.executable).with_name(HAPROXY_COMMAND)
     if command.is_file() and os.access(command, os.X_OK):
         return str(command)
-    print(f"pdserve: {command} is missing (pdserve not installed as a package?): HAProxy "
-          "will answer a lost router replica with Ray's plain-text 500", file=sys.stderr)
+    print(f"pdserve: {command} is missing or not executable (pdserve not installed as a "
+          "package?): HAProxy will answer a lost router replica with Ray's plain-text 500",
+          file=sys.stderr)
     return None
 
 

@@ -186,3 +186,41 @@ def test_a_request_on_a_reused_connection_to_a_killed_upstream_is_closed_unanswe
         connection.getresponse()
     connection.close()
     _assert_pdserve_answer(*_get(port, "/ok"))  # the next request: the 503 page again
+
+
+# ---- where `pdserve up` finds the command -----------------------------------------------
+
+
+def _config_with_ingress(ingress: str):
+    from cluster.config import parse_config
+
+    return parse_config({"model": {"name": "m", "path": "/m"}, "router": {"ingress": ingress}})
+
+
+def test_pdserve_up_starts_haproxy_through_the_command_beside_its_interpreter(
+        tmp_path, monkeypatch, capsys):
+    from cluster import cli
+
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    command = tmp_path / HAPROXY_COMMAND
+    command.write_text("#!/bin/sh\n")
+    command.chmod(0o755)
+    assert cli._haproxy_command(_config_with_ingress("haproxy")) == str(command)
+    assert cli._haproxy_command(_config_with_ingress("proxy")) is None
+    assert capsys.readouterr().err == ""
+
+
+def test_without_the_command_pdserve_up_says_haproxy_keeps_rays_page(
+        tmp_path, monkeypatch, capsys):
+    """Installed without its console scripts (or with one that cannot run), pdserve still
+    starts, and says what the cluster then lacks."""
+    from cluster import cli
+
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    assert cli._haproxy_command(_config_with_ingress("haproxy")) is None
+    (tmp_path / HAPROXY_COMMAND).write_text("not executable")
+    assert cli._haproxy_command(_config_with_ingress("haproxy")) is None
+    warnings = capsys.readouterr().err.splitlines()
+    assert len(warnings) == 2
+    assert all(f"{tmp_path / HAPROXY_COMMAND} is missing or not executable" in line
+               and "Ray's plain-text 500" in line for line in warnings)
