@@ -139,12 +139,14 @@ def wait_until_idle(base_url: str, timeout_s: float = 60,
         time.sleep(0.5)
 
 
-def wait_for(condition, what: str, timeout_s: float) -> None:
-    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout_s``."""
+def wait_for(condition, what: str, timeout_s: float, detail=None) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout_s``, with
+    what ``detail()`` says then (the state a failure needs explaining by)."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
-            pytest.fail(f"{what} not within {timeout_s}s")
+            said = f": {detail()}" if detail is not None else ""
+            pytest.fail(f"{what} not within {timeout_s}s{said}")
         time.sleep(0.5)
 
 

@@ -30,3 +30,15 @@ def total(sums, name: str, **labels: str) -> float:
     """The sum of ``name``'s samples that carry all of ``labels``."""
     wanted = set(labels.items())
     return sum(value for key, value in sums.get(name, {}).items() if wanted <= set(key))
+
+
+def by_process(url: str, name: str, **labels: str) -> dict[str, float]:
+    """``name``'s samples that carry all of ``labels``, summed per Ray worker process
+    (``WorkerId``): which replica counted what, for a failure's message."""
+    wanted = set(labels.items())
+    counts: dict[str, float] = defaultdict(float)
+    for family in text_string_to_metric_families(httpx.get(url, timeout=30).text):
+        for sample in family.samples:
+            if sample.name == name and wanted <= set(sample.labels.items()):
+                counts[sample.labels.get("WorkerId", "?")[:8]] += sample.value
+    return dict(counts)

@@ -33,7 +33,7 @@ from cluster.config import load_config
 from router.sse import sse_lines
 from tests.integration.conftest import LOG_DIR, REPO, is_replica, serving, wait_for
 from tests.integration.engine_processes import is_spawned_as
-from tests.integration.prometheus import scrape, total
+from tests.integration.prometheus import by_process, scrape, total
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -237,6 +237,11 @@ def decode_cached() -> float:
                  source="cached")
 
 
+def decode_cached_by_process() -> dict[str, float]:
+    return by_process(METRICS_URL, "ray_pdserve_engine_prompt_tokens_total", pool="decode",
+                      source="cached")
+
+
 def answered_ok() -> float:
     return total(scrape(METRICS_URL), "ray_pdserve_requests_total", outcome="ok")
 
@@ -405,13 +410,15 @@ def test_the_decode_replica_a_prefix_is_pinned_to_killed_its_next_request_answer
     second, third = head + " the second question", head + " the third question"
     head_tokens = (len(head.encode()) // CONFIG.engine.block_size - 1) * CONFIG.engine.block_size
     wait_for(engines_quiet(), "every engine idle", RECOVERY_S)
-    cached_before = decode_cached()
+    cached_before, per_replica_before = decode_cached(), decode_cached_by_process()
     expected = {prompt: complete(cluster, prompt, max_tokens=16, ignore_eos=True).json()[
         "choices"][0]["token_ids"] for prompt in (second, third)}
     # the third found the head where the second left it (and its count is in: the next
     # one's must not be mistaken for it)
     wait_for(lambda: decode_cached() - cached_before >= head_tokens,
-             "the head found in a decode replica's prefix cache", 60)
+             "the head found in a decode replica's prefix cache", 60,
+             detail=lambda: f"{head_tokens} tokens wanted; cached tokens per decode process "
+                            f"before {per_replica_before}, now {decode_cached_by_process()}")
     retries_before, cached_before = retried("decode", None), decode_cached()
     # The replica that decodes a stream with the head is the one it is pinned to ...
     pinned = Background(lambda: computing("decode"))
