@@ -99,11 +99,14 @@ def _wait_for_exit(before: set[tuple[int, str]], timeout_s: float = 30) -> set:
         time.sleep(1)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def reference(pdserve) -> Iterator[str]:
     """A plain colocated vLLM OpenAI server on the same model and engine settings.
 
-    Started after pdserve, which generates the tiny model on a fresh checkout.
+    Started after pdserve, which generates the tiny model on a fresh checkout; one for
+    the session (the equivalence and parity tests each started their own: ~45 s more of
+    `make test`). Between its tests it idles: an idle vLLM engine uses next to no CPU (the
+    fault suite's ``engines_quiet`` waits for exactly that).
     """
     server = processes.start_vllm_server(CONFIG, REFERENCE_PORT, LOG_DIR, REPO,
                                          name="reference-vllm")
