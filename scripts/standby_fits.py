@@ -22,7 +22,6 @@ sys.path.insert(0, str(REPO))
 from cluster.config import parse_config  # noqa: E402
 from cluster.planner import cli as plan_cli  # noqa: E402
 from cluster.planner.output import config_document  # noqa: E402
-from cluster.planner.search import search  # noqa: E402
 
 DEFAULT_FITS = ("30:0.1:0,30:0.1:30,30:0.1:60,15:0.1:0,60:0.1:0,30:0:0,30:0.2:0")
 # name, rate over the forecast, the peak's shift in seconds
@@ -36,11 +35,7 @@ def main() -> None:
     parser.add_argument("--fits", default=DEFAULT_FITS,
                         help="slot minutes:margin:shift minutes, comma-separated")
     args = parser.parse_args()
-    commands = argparse.ArgumentParser().add_subparsers(dest="command")
-    plan_cli.add_parser(commands)
-    plan_args = commands.choices["plan"].parse_args(["--rate", args.rate])
-    plan = search(plan_cli.inputs_from(plan_args))
-    scaling = plan_cli.scaling_inputs(plan_args, plan)
+    _, plan, scaling = plan_cli.plan_for_study(["--rate", args.rate])
     forecast = scaling.forecast
     run = plan_cli.day_runner(plan, scaling.sensors, forecast)
     print("| slots, margin, shift | windows per pool | "

@@ -535,6 +535,19 @@ class ScalingInputs:
                 for pool, replicas in plan.prediction.replicas.items()}
 
 
+def plan_for_study(argv: list[str]):
+    """``pdserve plan``'s arguments parsed from ``argv``, the plan it searches and its
+    ``ScalingInputs``: for scripts that study a plan's day (scripts/standby_fits.py,
+    scripts/max_replicas_cap.py)."""
+    from cluster.planner.search import search
+
+    commands = argparse.ArgumentParser().add_subparsers(dest="command")
+    add_parser(commands)
+    args = commands.choices["plan"].parse_args(argv)
+    plan = search(inputs_from(args))
+    return args, plan, scaling_inputs(args, plan)
+
+
 def scaling_inputs(args, plan) -> ScalingInputs:
     """``ScalingInputs`` of ``plan`` under ``pdserve plan``'s parsed ``args``
     (``--base-config``, ``--day``, ``--scaling-headroom``, ``--downscale-step``,
