@@ -22,9 +22,8 @@ sys.path.insert(0, str(REPO))
 
 from cluster.config import parse_config  # noqa: E402
 from cluster.planner import cli as plan_cli  # noqa: E402
+from cluster.planner.day import POOLS  # noqa: E402
 from cluster.planner.output import config_document  # noqa: E402
-
-POOLS = ("prefill", "decode")
 
 
 def lifted(document: dict, factor: int = 100) -> dict:

@@ -12,8 +12,9 @@ PDSERVE_LABELS = ("model", "version", "pool", "outcome", "source", "action", "st
                   "reason", "le", "path", "result", "kind")
 
 
-def scrape(url: str) -> dict[str, dict[tuple, float]]:
-    """pdserve samples summed over worker processes: name -> {sorted labels: value}."""
+def scrape(url: str, keep: tuple[str, ...] = PDSERVE_LABELS) -> dict[str, dict[tuple, float]]:
+    """pdserve samples summed over the labels not in ``keep`` (by default Ray's per-process
+    ones): name -> {sorted labels: value}."""
     text = httpx.get(url, timeout=30).text
     sums: dict[str, dict[tuple, float]] = defaultdict(lambda: defaultdict(float))
     for family in text_string_to_metric_families(text):
@@ -21,7 +22,7 @@ def scrape(url: str) -> dict[str, dict[tuple, float]]:
             if not sample.name.startswith("ray_pdserve_"):
                 continue
             labels = tuple(sorted((k, v) for k, v in sample.labels.items()
-                                  if k in PDSERVE_LABELS))
+                                  if k in keep))
             sums[sample.name][labels] += sample.value
     return sums
 
@@ -37,8 +38,7 @@ def by_process(url: str, name: str, **labels: str) -> dict[str, float]:
     (``WorkerId``): which replica counted what, for a failure's message."""
     wanted = set(labels.items())
     counts: dict[str, float] = defaultdict(float)
-    for family in text_string_to_metric_families(httpx.get(url, timeout=30).text):
-        for sample in family.samples:
-            if sample.name == name and wanted <= set(sample.labels.items()):
-                counts[sample.labels.get("WorkerId", "?")[:8]] += sample.value
+    for key, value in scrape(url, keep=(*PDSERVE_LABELS, "WorkerId")).get(name, {}).items():
+        if wanted <= set(key):
+            counts[dict(key).get("WorkerId", "?")[:8]] += value
     return dict(counts)
