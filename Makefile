@@ -3,6 +3,8 @@ CONFIG ?= ray_configs/local.yaml
 PYTEST_ARGS ?=
 # The slowest tests of each run, so that a CI log says where its time went.
 DURATIONS := --durations=15
+# Processes for the tests that start no cluster: CI's machine has two cores.
+TEST_WORKERS ?= 2
 VENV := .venv
 
 .PHONY: setup run test test-multinode faults levers unit component lint model clean
@@ -13,13 +15,17 @@ setup:
 run: setup
 	$(VENV)/bin/pdserve up --config $(CONFIG)
 
-# The quantized cluster, the bench commands' servers, the fault suite and the multi-node
-# imitation each run a Ray cluster of their own: after the others, never beside. Their
-# tests live in tests/integration (tests/conftest.py refuses them elsewhere), and only it
-# is collected for them: the whole tree takes ~15 s more to collect, each time.
+# The unit and component tests start no cluster: they run on TEST_WORKERS processes
+# (pytest-xdist), each test file on one of them. The shared cluster's integration tests,
+# then the quantized cluster, the bench commands' servers, the fault suite and the
+# multi-node imitation each run a Ray cluster of their own: one after another, never
+# beside. Their tests live in tests/integration (tests/conftest.py refuses them
+# elsewhere), and only it is collected for them: the whole tree takes ~15 s more to
+# collect, each time.
 test: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -ra $(DURATIONS) -m "not multinode and not faults and not levers and not bench" $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -ra $(DURATIONS) -n $(TEST_WORKERS) --dist loadfile tests/unit tests/component $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -ra $(DURATIONS) -m "not multinode and not faults and not levers and not bench" tests/integration $(PYTEST_ARGS)
 	$(VENV)/bin/python -m pytest -ra $(DURATIONS) -m levers tests/integration $(PYTEST_ARGS)
 	$(VENV)/bin/python -m pytest -ra $(DURATIONS) -m bench tests/integration $(PYTEST_ARGS)
 	$(VENV)/bin/python -m pytest -ra $(DURATIONS) -m faults tests/integration $(PYTEST_ARGS)
@@ -38,12 +44,12 @@ test-multinode: setup
 
 # Pure tests: no Ray, torch, vLLM or subprocesses (tests/unit/test_purity.py keeps it so).
 unit: setup
-	$(VENV)/bin/python -m pytest -ra tests/unit $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -ra -n $(TEST_WORKERS) --dist loadfile tests/unit $(PYTEST_ARGS)
 
 # One part against its real dependency (Serve's routing loop and schemas, Ray's autoscaler,
 # torch, child processes), with no cluster started.
 component: setup
-	$(VENV)/bin/python -m pytest -ra tests/component $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -ra -n $(TEST_WORKERS) --dist loadfile tests/component $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -1,6 +1,7 @@
 """``processes.running``: a child server is waited for, used, and stopped even on an error."""
 
 import signal
+import socket
 import sys
 
 import pytest
@@ -31,10 +32,10 @@ except KeyboardInterrupt:
 
 
 def free_port() -> int:
-    port = 18731
-    while not processes.port_is_free("127.0.0.1", port):
-        port += 1
-    return port
+    """A port the kernel just handed out, so that tests run side by side never share one."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def start(tmp_path, *extra: str):
