@@ -21,6 +21,8 @@ from kv_transfer.connector import Role
 from kv_transfer.vllm_plugin import PROGRESS_THREAD_ENV
 
 CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # the cores a CPU engine's threads run on
+# torch's switch that turns every torch.compile into the plain function
+TORCH_COMPILE_DISABLE_ENV = "TORCH_COMPILE_DISABLE"
 # vLLM flags that are plain switches (store_true): False is their default and has no
 # --no- form. Every other boolean EngineArgs field takes --x / --no-x (vLLM 0.32).
 _SWITCH_ONLY_FLAGS = frozenset({"disable_log_stats", "aggregate_engine_logging"})
@@ -99,6 +101,12 @@ def engine_settings_env(config: PDServeConfig, role: Role,
     if config.engine.cpu_kvcache_space_gib is not None:
         # Whole GiB (the config refuses a fraction): vLLM 0.32 reads it with int().
         env["VLLM_CPU_KVCACHE_SPACE"] = str(config.engine.cpu_kvcache_space_gib)
+    if config.engine.enforce_eager:
+        # Eager leaves the model uncompiled, yet vLLM 0.32 still torch.compiles a few
+        # sampler ops (the logprobs rank count, random sampling) on their first use: on a
+        # CPU engine that is a C++ build of ~20 s inside one engine step, which every
+        # request on the engine waits out. Eager here means no compilation at all.
+        env[TORCH_COMPILE_DISABLE_ENV] = "1"
     env.update(config.pool(version or config.model.version, role).env)
     return env
 

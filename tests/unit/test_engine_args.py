@@ -58,6 +58,19 @@ def test_engine_env_has_unique_side_channel_and_pool_env():
     assert "VLLM_CPU_OMP_THREADS_BIND" not in engine_env(config, "decode", "h", 1)
 
 
+def test_an_eager_engine_and_its_baseline_compile_nothing_not_even_sampler_ops():
+    eager = parse_config({**BASE, "engine": {**BASE["engine"], "enforce_eager": True}})
+    for env in (engine_env(eager, "prefill", "h", 1), engine_env(eager, "decode", "h", 1),
+                baseline_env(eager)):
+        assert env["TORCH_COMPILE_DISABLE"] == "1"
+    assert "TORCH_COMPILE_DISABLE" not in engine_env(parse_config(BASE), "decode", "h", 1)
+    # a pool's own env still has the last word
+    pool_says = {**BASE["engine"], "enforce_eager": True}
+    overridden = parse_config({**BASE, "engine": pool_says,
+                               "decode": {"env": {"TORCH_COMPILE_DISABLE": "0"}}})
+    assert engine_env(overridden, "decode", "h", 1)["TORCH_COMPILE_DISABLE"] == "0"
+
+
 def flag_values(flags: list[str]) -> dict[str, list[str]]:
     """``--name v1 v2 --switch`` as {"--name": ["v1", "v2"], "--switch": []}."""
     parsed: dict[str, list[str]] = {}
