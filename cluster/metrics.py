@@ -217,6 +217,13 @@ class Recorder:
         self._metric(spec).observe(value, tags=tags)
 
 
+# How often an engine replica publishes its gauges and flushes its gathered ``Counts`` to
+# Ray (a thread, not the engine's steps): under Ray's export period, since Ray exports a
+# gauge only while it keeps being set. A count reaches a scrape up to this plus Ray's
+# export period after the step that made it.
+ENGINE_PUBLISH_S = 2.0
+
+
 class Counts:
     """Counter increments gathered in memory, added to Ray's counters by ``flush``.
 

@@ -1,5 +1,7 @@
 """Settings shared by every test tier."""
 
+import os
+
 import pytest
 from hypothesis import settings
 
@@ -7,6 +9,13 @@ from hypothesis import settings
 # than Hypothesis's default 200 ms deadline while another process runs, which only flakes.
 settings.register_profile("pdserve", deadline=None)
 settings.load_profile("pdserve")
+
+# Ray's workers export their metrics every 10 s by default, and a test that counts what a
+# cluster did waits until a report period has passed with nothing new (prometheus.py).
+# Every cluster the tests start (and this process, for Ray's own config) inherits a 3 s
+# period instead, which Ray supports down to 1 s; the gauges' time to live follows it
+# (twice the period). Set before anything reads Ray's config, which caches it.
+os.environ.setdefault("RAY_metrics_report_interval_ms", "3000")
 
 # `make test` runs the suites with clusters of their own on tests/integration only (it
 # collects 4x faster than the whole tree): a test so marked elsewhere would never run.

@@ -238,14 +238,16 @@ def _scrape(metrics_url: str) -> Scrape:
 
 
 def _settled_scrape(metrics_url: str | None) -> Scrape | None:
-    """The metrics once every earlier request's report is in: unchanged for longer than
-    Ray's metrics report period (a minute at most), so that requests answered before the
-    run are not counted in it."""
+    """The metrics once every earlier request's report is in: unchanged for longer than an
+    engine's count takes to reach a scrape (its replica's flush, then Ray's export; a
+    minute at most), so that requests answered before the run are not counted in it."""
     if metrics_url is None:
         return None
     import ray
 
-    settle_s = ray._config.metrics_report_interval_ms() / 1000 + 1
+    from cluster.metrics import ENGINE_PUBLISH_S
+
+    settle_s = ray._config.metrics_report_interval_ms() / 1000 + ENGINE_PUBLISH_S + 1
     deadline = time.monotonic() + 60
     scrape, since = _scrape(metrics_url), time.monotonic()
     while time.monotonic() - since < settle_s and time.monotonic() < deadline:
@@ -259,16 +261,18 @@ def _settled_scrape(metrics_url: str | None) -> Scrape | None:
 def _work_since(metrics_url: str, before: Scrape, answered: int) -> dict[str, dict]:
     """The stage breakdown of the ``answered`` requests since ``before`` and the engines'
     work for them: Ray exports the router's and the engines' metrics every few seconds, so
-    wait (30 s at most) until all are in. An engine reports its counters with the phases
-    of the requests it finished, so they are complete when the phases are."""
+    wait (30 s at most) until every request's stages are in, then until the scrape
+    settles: an engine's replica flushes its counts a few seconds after the step that
+    made them, so they can arrive one export after the phases they belong to."""
     deadline = time.monotonic() + 30
     stages_before, work_before = before
-    stages_after, work_after = _scrape(metrics_url)
+    stages_after, _ = _scrape(metrics_url)
     while (min(breakdown.answered(stages_before, stages_after),
                breakdown.decoded(stages_before, stages_after)) < answered
            and time.monotonic() < deadline):
         time.sleep(1)
-        stages_after, work_after = _scrape(metrics_url)
+        stages_after, _ = _scrape(metrics_url)
+    stages_after, work_after = _settled_scrape(metrics_url)
     stages = breakdown.breakdown(stages_before, stages_after)
     print(breakdown.table(stages))
     return {"stages": stages, "engine_work": engine_work.since(work_before, work_after)}

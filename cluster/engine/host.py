@@ -30,11 +30,6 @@ from kv_transfer.connector import Role, connector_config, engine_id_for
 logger = logging.getLogger(__name__)
 
 
-# An engine's gauges are published by a thread at this period, under Ray's export interval
-# (Ray exports a gauge only while it keeps being set), not on each of the engine's steps.
-GAUGE_REFRESH_S = 2.0
-
-
 class EngineHost:
     """One running vLLM engine plus its statistics."""
 
@@ -53,8 +48,8 @@ class EngineHost:
                              name="pdserve-gauges", daemon=True).start()
 
     def _publish(self, recorder: m.Recorder, tags: dict[str, str]) -> None:
-        """The engine's gauges and the counts its steps gathered, every GAUGE_REFRESH_S."""
-        while not self._stop.wait(GAUGE_REFRESH_S):
+        """The engine's gauges and the counts its steps gathered, every ENGINE_PUBLISH_S."""
+        while not self._stop.wait(m.ENGINE_PUBLISH_S):
             self._counts.flush(recorder)
             _publish_gauges(recorder, tags, self.stats)
         self._counts.flush(recorder)

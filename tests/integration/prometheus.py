@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 
 import httpx
+import ray
 from prometheus_client.parser import text_string_to_metric_families
+
+from cluster.metrics import ENGINE_PUBLISH_S
+
+# How often Ray's workers export what they recorded (tests/conftest.py shortens it).
+METRICS_REPORT_S = ray._config.metrics_report_interval_ms() / 1000
+# A counter unchanged for longer has nothing counted before still on its way: an engine's
+# replica flushes its counts every ENGINE_PUBLISH_S, then Ray exports them.
+SETTLE_S = METRICS_REPORT_S + ENGINE_PUBLISH_S + 1
 
 # pdserve's own labels; Ray adds per-process ones (WorkerId, ...), over which samples sum.
 PDSERVE_LABELS = ("model", "version", "pool", "outcome", "source", "action", "stage",
@@ -31,6 +41,26 @@ def total(sums, name: str, **labels: str) -> float:
     """The sum of ``name``'s samples that carry all of ``labels``."""
     wanted = set(labels.items())
     return sum(value for key, value in sums.get(name, {}).items() if wanted <= set(key))
+
+
+def settled_scrape(url: str, *names: str, deadline_s: float = 90,
+                   **labels: str) -> dict[str, dict[tuple, float]]:
+    """A scrape once the totals of ``names`` (their samples with ``labels``) have stayed
+    unchanged for ``SETTLE_S``: nothing counted before is still on its way. (Only those
+    totals: others move on their own on an idle cluster, such as the canary gate's count
+    of its periodic "hold" decisions.) The latest scrape at the deadline otherwise."""
+    def totals(sums) -> list[float]:
+        return [total(sums, name, **labels) for name in names]
+
+    latest = scrape(url)
+    since = started = time.monotonic()
+    while time.monotonic() - since <= SETTLE_S and time.monotonic() - started < deadline_s:
+        time.sleep(1)
+        current = scrape(url)
+        if totals(current) != totals(latest):
+            since = time.monotonic()
+        latest = current
+    return latest
 
 
 def by_process(url: str, name: str, **labels: str) -> dict[str, float]:

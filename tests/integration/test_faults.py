@@ -27,13 +27,12 @@ from collections.abc import Iterator
 import httpx
 import psutil
 import pytest
-import ray
 
 from cluster.config import load_config
 from router.sse import sse_lines
 from tests.integration.conftest import LOG_DIR, REPO, is_replica, serving, wait_for
 from tests.integration.engine_processes import is_spawned_as
-from tests.integration.prometheus import by_process, scrape, total
+from tests.integration.prometheus import by_process, scrape, settled_scrape, total
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -558,27 +557,12 @@ def router_replica() -> psutil.Process:
     pytest.fail("no router replica process")
 
 
-# How often Ray's workers report their metrics (the cluster runs with Ray's default).
-METRICS_REPORT_S = ray._config.metrics_report_interval_ms() / 1000
-
-
 def generated(pool: str) -> float:
     """The tokens the pool's engines generated, once every engine's count has been
-    reported: unchanged for longer than a report period."""
-    def read() -> float:
-        return total(scrape(METRICS_URL), "ray_pdserve_engine_generation_tokens_total",
-                     pool=pool)
-
-    last = {"value": read(), "since": time.monotonic()}
-
-    def unchanged_for_a_report() -> bool:
-        value = read()
-        if value != last["value"]:
-            last.update(value=value, since=time.monotonic())
-        return time.monotonic() - last["since"] > METRICS_REPORT_S + 1
-
-    wait_for(unchanged_for_a_report, f"the {pool} token count settled", 120)
-    return last["value"]
+    reported."""
+    name = "ray_pdserve_engine_generation_tokens_total"
+    return total(settled_scrape(METRICS_URL, name, deadline_s=120, pool=pool), name,
+                 pool=pool)
 
 
 def test_a_router_replica_killed_midstream_breaks_the_stream_and_stops_its_engine(cluster):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 
 import httpx
 import pytest
@@ -23,24 +22,8 @@ def scrape() -> dict[str, dict[tuple, float]]:
 
 
 def settled_scrape(*names: str, **labels: str) -> dict[str, dict[tuple, float]]:
-    """A scrape after Ray has exported everything recorded so far of the counters
-    ``names`` (their samples with ``labels``).
-
-    Ray exports recorded metrics every few seconds; two scrapes ten seconds apart with the
-    same totals mean nothing recorded earlier is still on its way. (Only those: others move
-    on their own on an idle cluster, such as the canary gate's count of its periodic
-    "hold" decisions, and waiting for them ran to the deadline.)
-    """
-    deadline = time.monotonic() + 90
-    previous = scrape()
-    while True:
-        time.sleep(10)
-        current = scrape()
-        if all(total(current, name, **labels) == total(previous, name, **labels)
-               for name in names) \
-                or time.monotonic() > deadline:
-            return current
-        previous = current
+    """This cluster's scrape once the counters ``names`` have settled."""
+    return prometheus.settled_scrape(METRICS_URL, *names, **labels)
 
 
 # What test_counters_balance_with_what_was_sent counts.
