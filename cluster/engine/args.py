@@ -103,8 +103,8 @@ def engine_settings_env(config: PDServeConfig, role: Role,
         env["VLLM_CPU_KVCACHE_SPACE"] = str(config.engine.cpu_kvcache_space_gib)
     if config.engine.enforce_eager:
         # Eager leaves the model uncompiled, yet vLLM 0.32 still torch.compiles a few
-        # sampler ops (the logprobs rank count, random sampling) on their first use: on a
-        # CPU engine that is a C++ build of ~20 s inside one engine step, which every
+        # ops on their first use (the sampler's rank count behind logprobs, for one): on
+        # a CPU engine that is a C++ build of ~20 s inside one engine step, which every
         # request on the engine waits out. Eager here means no compilation at all.
         env[TORCH_COMPILE_DISABLE_ENV] = "1"
     env.update(config.pool(version or config.model.version, role).env)
