@@ -5,6 +5,7 @@ PYTEST_ARGS ?=
 DURATIONS := --durations=15
 # Processes for the tests that start no cluster: CI's machine has two cores.
 TEST_WORKERS ?= 2
+PARALLEL = -n $(TEST_WORKERS) --dist loadfile
 VENV := .venv
 
 .PHONY: setup run test test-multinode faults levers unit component lint model clean
@@ -24,7 +25,7 @@ run: setup
 # collect, each time.
 test: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -ra $(DURATIONS) -n $(TEST_WORKERS) --dist loadfile tests/unit tests/component $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -ra $(DURATIONS) $(PARALLEL) tests/unit tests/component $(PYTEST_ARGS)
 	$(VENV)/bin/python -m pytest -ra $(DURATIONS) -m "not multinode and not faults and not levers and not bench" tests/integration $(PYTEST_ARGS)
 	$(VENV)/bin/python -m pytest -ra $(DURATIONS) -m levers tests/integration $(PYTEST_ARGS)
 	$(VENV)/bin/python -m pytest -ra $(DURATIONS) -m bench tests/integration $(PYTEST_ARGS)
@@ -44,12 +45,12 @@ test-multinode: setup
 
 # Pure tests: no Ray, torch, vLLM or subprocesses (tests/unit/test_purity.py keeps it so).
 unit: setup
-	$(VENV)/bin/python -m pytest -ra -n $(TEST_WORKERS) --dist loadfile tests/unit $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -ra $(PARALLEL) tests/unit $(PYTEST_ARGS)
 
 # One part against its real dependency (Serve's routing loop and schemas, Ray's autoscaler,
 # torch, child processes), with no cluster started.
 component: setup
-	$(VENV)/bin/python -m pytest -ra -n $(TEST_WORKERS) --dist loadfile tests/component $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -ra $(PARALLEL) tests/component $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -224,6 +224,12 @@ class Recorder:
 ENGINE_PUBLISH_S = 2.0
 
 
+def settle_s(report_period_s: float) -> float:
+    """How long a scrape must stay unchanged before nothing counted earlier can still be on
+    its way, given Ray's export period: an engine's flush, then an export, then a second."""
+    return report_period_s + ENGINE_PUBLISH_S + 1
+
+
 class Counts:
     """Counter increments gathered in memory, added to Ray's counters by ``flush``.
 

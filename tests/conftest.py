@@ -11,7 +11,8 @@ settings.register_profile("pdserve", deadline=None)
 settings.load_profile("pdserve")
 
 # Ray's workers export their metrics every 10 s by default, and a test that counts what a
-# cluster did waits until a report period has passed with nothing new (prometheus.py).
+# cluster did waits until an export period and an engine's flush have passed with nothing
+# new (SETTLE_S, tests/integration/prometheus.py).
 # Every cluster the tests start (and this process, for Ray's own config) inherits a 3 s
 # period instead, which Ray supports down to 1 s; the gauges' time to live follows it
 # (twice the period). Set before anything reads Ray's config, which caches it.

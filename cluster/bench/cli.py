@@ -245,12 +245,12 @@ def _settled_scrape(metrics_url: str | None) -> Scrape | None:
         return None
     import ray
 
-    from cluster.metrics import ENGINE_PUBLISH_S
+    from cluster.metrics import settle_s
 
-    settle_s = ray._config.metrics_report_interval_ms() / 1000 + ENGINE_PUBLISH_S + 1
+    settle = settle_s(ray._config.metrics_report_interval_ms() / 1000)
     deadline = time.monotonic() + 60
     scrape, since = _scrape(metrics_url), time.monotonic()
-    while time.monotonic() - since < settle_s and time.monotonic() < deadline:
+    while time.monotonic() - since < settle and time.monotonic() < deadline:
         time.sleep(1)
         latest = _scrape(metrics_url)
         if latest != scrape:

@@ -9,13 +9,12 @@ import httpx
 import ray
 from prometheus_client.parser import text_string_to_metric_families
 
-from cluster.metrics import ENGINE_PUBLISH_S
+from cluster.metrics import settle_s
+from tests.integration.conftest import wait_for
 
-# How often Ray's workers export what they recorded (tests/conftest.py shortens it).
-METRICS_REPORT_S = ray._config.metrics_report_interval_ms() / 1000
-# A counter unchanged for longer has nothing counted before still on its way: an engine's
-# replica flushes its counts every ENGINE_PUBLISH_S, then Ray exports them.
-SETTLE_S = METRICS_REPORT_S + ENGINE_PUBLISH_S + 1
+# A counter unchanged for longer has nothing counted before still on its way, at the
+# export period of Ray's workers (tests/conftest.py shortens it).
+SETTLE_S = settle_s(ray._config.metrics_report_interval_ms() / 1000)
 
 # pdserve's own labels; Ray adds per-process ones (WorkerId, ...), over which samples sum.
 PDSERVE_LABELS = ("model", "version", "pool", "outcome", "source", "action", "stage",
@@ -48,19 +47,21 @@ def settled_scrape(url: str, *names: str, deadline_s: float = 90,
     """A scrape once the totals of ``names`` (their samples with ``labels``) have stayed
     unchanged for ``SETTLE_S``: nothing counted before is still on its way. (Only those
     totals: others move on their own on an idle cluster, such as the canary gate's count
-    of its periodic "hold" decisions.) The latest scrape at the deadline otherwise."""
+    of its periodic "hold" decisions.) Fails if they have not settled by ``deadline_s``."""
     def totals(sums) -> list[float]:
         return [total(sums, name, **labels) for name in names]
 
-    latest = scrape(url)
-    since = started = time.monotonic()
-    while time.monotonic() - since <= SETTLE_S and time.monotonic() - started < deadline_s:
-        time.sleep(1)
+    seen = {"scrape": scrape(url), "since": time.monotonic()}
+
+    def unchanged_long_enough() -> bool:
         current = scrape(url)
-        if totals(current) != totals(latest):
-            since = time.monotonic()
-        latest = current
-    return latest
+        if totals(current) != totals(seen["scrape"]):
+            seen["since"] = time.monotonic()
+        seen["scrape"] = current
+        return time.monotonic() - seen["since"] > SETTLE_S
+
+    wait_for(unchanged_long_enough, f"{', '.join(names)} settled", deadline_s)
+    return seen["scrape"]
 
 
 def by_process(url: str, name: str, **labels: str) -> dict[str, float]:
