@@ -33,6 +33,13 @@ hashes do. The router's beliefs about the caches are its own classes (``PrefixIn
 ``DecodeCacheBelief``) fed those chains, so affinity and the cache-aware next turn
 (router/disaggregation.py) are pdserve's policies too. A later turn of a conversation
 arrives its think time after the turn before it finished (closed loop).
+
+Each router replica of a ``RouterTier`` routes on what it alone knows, as pdserve's do:
+the replicas' reports are the same for all of them, but the sends since those reports
+(its ``PendingTally``), where it sent each prefix and what it believes each decode cache
+holds are its own. Routers that cannot see each other's sends rank alike between two
+reports, and can herd onto the same replica; a conversation's next turn may reach a
+router that never saw its history.
 """
 
 from __future__ import annotations
@@ -176,6 +183,9 @@ class ClusterSpec:
     prefill_routing: PrefillRoutingConfig | None = None
     decode_routing: DecodeRoutingConfig | None = None
     routers: RouterTier | None = None           # None: every request admitted at once
+    # True: every router replica routes on one view (its tally, prefix index and cache
+    # belief shared), as if each saw the others' sends: no herding, an optimistic bound
+    shared_router_view: bool = False
 
 
 @dataclass
@@ -190,6 +200,7 @@ class Outcome:
     ready_s: float | None = None        # its prompt's KV reached (or its prompt reached)
     #                                     the decode pool
     decode_s: float | None = None       # admitted to a decode engine until finished
+    decode_replica: str | None = None   # the decode engine that answered it
 
 
 @dataclass
@@ -221,6 +232,16 @@ class SimResult:
 # ---------------------------------------------------------------------------------------
 
 
+@dataclass(eq=False)
+class _RouterView:
+    """What one router replica knows beyond the replicas' reports: its own sends since
+    them, where it sent each prefix, and what it believes the decode caches hold."""
+
+    tally: PendingTally
+    prefix_index: PrefixIndex
+    belief: DecodeCacheBelief
+
+
 @dataclass(eq=False)     # one sequence is itself only (and list.remove compares cheaply)
 class _Seq:
     index: int
@@ -232,6 +253,7 @@ class _Seq:
     chain: tuple[int, ...] = ()  # its prompt's full blocks (block_chain)
     resumed: int = 0           # tokens it had generated when last preempted (recomputed)
     last_token_s: float = 0.0
+    router: int = 0            # the router replica that routes it (its _RouterView)
     # Tokens whose KV it computes before it decodes: its prompt, and after a preemption
     # its answer so far too (a field, not a property: read for every sequence every step)
     target: int = field(init=False)
@@ -388,7 +410,6 @@ class Simulation:
         self._last_change = 0.0
         self._snapshot: dict[str, ReplicaLoad] = {}
         self._snapshot_at = float("-inf")
-        self._tally = PendingTally()     # the router's own: sends since the last report
         self.reports: list[tuple[float, str, float, float, float]] = []
         self._last_arrival = max((r.arrival_s for r in self.requests
                                   if r.follows is None), default=0.0)
@@ -401,11 +422,13 @@ class Simulation:
         self._decode_policy = replace(DecodePolicy.from_config(
             decode_routing, spec.decode_limits.max_num_seqs, spec.block_size),
             stale_after_s=float("inf"))
-        self._prefill_index = PrefixIndex(self._prefill_policy.index_capacity)
         self._cache_aware = decode_routing.cache_aware_path
-        self._belief = DecodeCacheBelief(spec.block_size, self._decode_policy.max_blocks,
-                                         self._decode_policy.index_capacity)
         tier = spec.routers
+        self._views = [_RouterView(
+            PendingTally(), PrefixIndex(self._prefill_policy.index_capacity),
+            DecodeCacheBelief(spec.block_size, self._decode_policy.max_blocks,
+                              self._decode_policy.index_capacity))
+            for _ in range(tier.replicas if tier and not spec.shared_router_view else 1)]
         self._admission = [AdmissionController(tier.admission)
                            for _ in range(tier.replicas)] if tier else []
         self._in_router = [0] * len(self._admission)     # requests each holds (any state)
@@ -436,7 +459,9 @@ class Simulation:
 
     # -- routing: pdserve's policies on load snapshots ---------------------------------
 
-    def _loads(self, engines: list[_Engine]) -> list[ReplicaLoad]:
+    def _loads(self, engines: list[_Engine], view: _RouterView) -> list[ReplicaLoad]:
+        """The replicas' last reports (refreshed once a report interval), plus what this
+        router sent since them."""
         interval = self.spec.report_interval_s
         if interval <= 0 or self.now - self._snapshot_at >= interval:
             self._snapshot_at = self.now
@@ -445,10 +470,10 @@ class Simulation:
                 running_seqs=len(e.running), waiting_seqs=len(e.waiting),
                 kv_usage=e.reserved / e.limits.kv_capacity_tokens,
                 max_num_seqs=e.limits.max_num_seqs) for e in self.prefill + self.decode}
-            for name in self._snapshot:
-                self._tally.observe_report(name, self.now)
             self._record_reports()
-        return [self._with_pending(self._snapshot[e.name]) for e in engines]
+        for engine in engines:      # as the router does on reading a report
+            view.tally.observe_report(engine.name, self._snapshot_at)
+        return [self._with_pending(self._snapshot[e.name], view.tally) for e in engines]
 
     def _record_reports(self) -> None:
         for pool, engines in (("prefill", self.prefill), ("decode", self.decode)):
@@ -458,36 +483,43 @@ class Simulation:
                     sum(getattr(load, name) for load in loads) / len(loads)
                     for name in ("queued_prefill_tokens", "running_seqs", "kv_usage"))))
 
-    def _with_pending(self, load: ReplicaLoad) -> ReplicaLoad:
+    @staticmethod
+    def _with_pending(load: ReplicaLoad, tally: PendingTally) -> ReplicaLoad:
         """The report plus what was sent since, as the router's ReplicaLoad has it (built,
         not ``dataclasses.replace``d: this runs for every replica at every routing)."""
         return ReplicaLoad(load.replica_id, load.queued_prefill_tokens, load.running_seqs,
                            load.waiting_seqs, load.kv_usage, load.max_num_seqs,
-                           pending_tokens=self._tally.tokens(load.replica_id),
-                           pending_requests=self._tally.requests(load.replica_id))
+                           pending_tokens=tally.tokens(load.replica_id),
+                           pending_requests=tally.requests(load.replica_id))
 
-    def _sent(self, engine: _Engine, key: str, tokens: int) -> None:
-        self._tally.add(key, engine.name, tokens, self.now)
+    def _view_of(self, index: int) -> int:
+        """The view its router routes it on (one for all when they share one)."""
+        return 0 if len(self._views) == 1 else self._router_of.get(index, 0)
+
+    def _sent(self, seq: _Seq, engine: _Engine, key: str, tokens: int) -> None:
+        self._views[seq.router].tally.add(key, engine.name, tokens, self.now)
 
     def _pick_prefill(self, seq: _Seq) -> _Engine:
         """The prefill router: its ranking, then its record of where the prefix went."""
+        view = self._views[seq.router]
         chain = seq.chain[:self._prefill_policy.max_blocks]
-        ranking = rank_prefill(seq.prompt, self._prefill_index.match(chain),
-                               self._loads(self.prefill), self._prefill_policy,
+        ranking = rank_prefill(seq.prompt, view.prefix_index.match(chain),
+                               self._loads(self.prefill, view), self._prefill_policy,
                                self.rng).ranking
-        self._prefill_index.record(chain, ranking[0])
+        view.prefix_index.record(chain, ranking[0])
         return next(e for e in self.prefill if e.name == ranking[0])
 
     def _pick_decode(self, seq: _Seq, pinned: str | None = None) -> _Engine:
         """The decode router: its ranking (prefix affinity, the pinned holder), then its
         belief that the replica holds the prompt."""
+        view = self._views[seq.router]
         matched = {}
         if self._decode_policy.affinity_slots > 0:
-            matched = self._belief.match_chain(seq.chain)
-        ranking = rank_decode(self._loads(self.decode), self._decode_policy, self.rng,
+            matched = view.belief.match_chain(seq.chain)
+        ranking = rank_decode(self._loads(self.decode, view), self._decode_policy, self.rng,
                               matched, seq.prompt, pinned=pinned)
         if seq.chain:   # only a request with blocks to share is told back when it ends
-            self._belief.routed_chain(f"decode-{seq.index}", seq.chain, ranking[0])
+            view.belief.routed_chain(f"decode-{seq.index}", seq.chain, ranking[0])
         return next(e for e in self.decode if e.name == ranking[0])
 
     # -- requests ------------------------------------------------------------------------
@@ -546,14 +578,15 @@ class Simulation:
         request = self.requests[index]
         cached = min(request.cached_tokens, request.prompt_tokens - 1)  # it computes the last
         seq = _Seq(index, request.prompt_tokens, request.output_tokens, computed=cached,
-                   chain=block_chain(request, request.prompt_tokens, self.spec.block_size))
+                   chain=block_chain(request, request.prompt_tokens, self.spec.block_size),
+                   router=self._view_of(index))
         choice = self._path(seq)
         self.outcomes[index].path = choice.route
         if choice.route == "decode_local":
             self._to_decode(seq, self._pick_decode(seq, choice.decode_replica))
             return
         engine = self._pick_prefill(seq)
-        self._sent(engine, f"prefill-{index}", request.prompt_tokens - cached)
+        self._sent(seq, engine, f"prefill-{index}", request.prompt_tokens - cached)
         engine.waiting.append(seq)
         self._kick(engine, decoding=False)
 
@@ -564,14 +597,16 @@ class Simulation:
         threshold = self.spec.threshold_tokens
         holder, held = None, 0
         if self._cache_aware and seq.chain and seq.prompt >= threshold > 0:
-            holder, held = self._belief.holder_of_chain(seq.chain, seq.prompt)
+            holder, held = self._views[seq.router].belief.holder_of_chain(seq.chain,
+                                                                          seq.prompt)
         return choose_path_with_cache(seq.prompt, threshold, holder, held)
 
     def _prefilled(self, seq: _Seq) -> None:
         """Its decode replica is chosen, which pulls the blocks its cache lacks."""
         outcome = self.outcomes[seq.index]
         outcome.prefill_done_s = self.now - self.arrivals[seq.index]
-        moved = _Seq(seq.index, seq.prompt, seq.output, computed=seq.prompt, chain=seq.chain)
+        moved = _Seq(seq.index, seq.prompt, seq.output, computed=seq.prompt, chain=seq.chain,
+                     router=seq.router)
         engine = self._pick_decode(moved)
         held = engine.cache.hit(moved.chain) * self.spec.block_size
         engine.prompt_tokens["cached"] += held
@@ -581,7 +616,8 @@ class Simulation:
 
     def _to_decode(self, seq: _Seq, engine: _Engine) -> None:
         self.outcomes[seq.index].ready_s = self.now - self.arrivals[seq.index]
-        self._sent(engine, f"decode-{seq.index}", seq.prompt - seq.computed)
+        self.outcomes[seq.index].decode_replica = engine.name
+        self._sent(seq, engine, f"decode-{seq.index}", seq.prompt - seq.computed)
         engine.waiting.append(seq)
         self._kick(engine, decoding=True)
 
@@ -658,7 +694,7 @@ class Simulation:
         if seq.chain:
             whole = block_chain(request, seq.prompt + seq.output - 1, self.spec.block_size)
             engine.cache.keep(whole)
-            self._belief.finished_chain(f"decode-{seq.index}", whole)
+            self._views[seq.router].belief.finished_chain(f"decode-{seq.index}", whole)
         for later in self._followers.get(seq.index, ()):
             self._at(self.now + self.requests[later].think_s,
                      lambda i=later: self._arrive(i))

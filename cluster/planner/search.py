@@ -69,6 +69,7 @@ class PlanInputs:
     # is set per simulated slice)
     routers: RouterTier | None = None
     routers_per_decode: float = 0.0
+    shared_router_view: bool = False   # des.ClusterSpec's: routers that see each other
 
     def __post_init__(self) -> None:
         if not 0 <= self.response_cache_hit < 1 or not 0 <= self.prefix_hit < 1:
@@ -114,7 +115,8 @@ def cluster_spec(inputs: PlanInputs, prefill_replicas: int, decode_replicas: int
             1, inputs.prefill_cost.kv_capacity_tokens())),
         decode_limits=replace(inputs.decode, kv_capacity_tokens=max(
             1, inputs.decode_cost.kv_capacity_tokens())),
-        threshold_tokens=inputs.threshold_tokens, report_interval_s=inputs.report_interval_s)
+        threshold_tokens=inputs.threshold_tokens, report_interval_s=inputs.report_interval_s,
+        shared_router_view=inputs.shared_router_view)
 
 
 def slice_of(prefill_replicas: int, decode_replicas: int, slice_replicas: int

@@ -92,3 +92,27 @@ def test_a_waiter_admitted_by_an_answer_on_its_own_decode_engine_runs_once():
     gaps = sum(count for _, _, count in result.token_gaps)
     assert gaps == sum(r.output_tokens - 1 for r in work)     # each token counted once
     assert _drained(simulation)
+
+
+def test_routers_that_cannot_see_each_others_sends_herd_onto_the_least_loaded_replica():
+    """Four decode replicas; three long answers, a report interval apart (each router sees
+    the one before in the report), occupy three of them. At 3.5 s (the report shows one
+    replica idle) a burst of eight arrives. One router counts its own sends on top of the
+    report and spreads the burst; sixteen routers, each seeing only the report and its own
+    sends, send most of it to the idle replica."""
+    requests = ([SimRequest(1.1 * i, 16, 500) for i in range(3)]
+                + [SimRequest(3.5, 16, 50) for _ in range(8)])
+
+    def burst_on_idle_replica(routers: int, shared: bool = False) -> int:
+        spec = ClusterSpec(0, 4, lambda n, p, c: 0.01, lambda n, p, c: 0.01,
+                           lambda t: 0.0, routers=_tier(routers, budget=10**6),
+                           shared_router_view=shared)
+        outcomes = Simulation(spec, requests).run().outcomes
+        busy = {o.decode_replica for o in outcomes[:3]}
+        assert len(busy) == 3                    # each saw the others in a report
+        return sum(o.decode_replica not in busy for o in outcomes[3:])
+
+    spread, herded = burst_on_idle_replica(1), burst_on_idle_replica(16)
+    assert spread <= 3                  # 11 sequences over 4 replicas: about 3 each
+    assert herded >= 5
+    assert burst_on_idle_replica(16, shared=True) == spread   # one view: as one router

@@ -1,0 +1,60 @@
+"""What many router replicas that cannot see each other's sends cost a plan.
+
+Plans the reference scenario as ``pdserve plan --rate 5200`` does (each router replica of
+the simulated slice routes on what it alone knows: the replicas' reports, and only its
+own sends since them), then simulates the planned cluster's slice again with one view
+shared by all its routers, as if each saw every other's sends, at each of
+``--report-intervals``. Prints a markdown table (docs/planning.md): TTFT and ITL p50 / p95
+/ p99 and the busiest decode replica's share of the slice's requests.
+
+    .venv/bin/python scripts/router_herding.py          # ~5 min on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from cluster.planner import cli as plan_cli  # noqa: E402
+from cluster.planner.search import arrived_in, read, run_slice  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", default="5200")
+    parser.add_argument("--report-intervals", default="1,0.25",
+                        help="the replicas' load report periods to simulate, seconds")
+    args = parser.parse_args()
+    _, plan, _ = plan_cli.plan_for_study(["--rate", args.rate])
+    prefill, decode = plan.prediction.prefill_replicas, plan.prediction.decode_replicas
+    print(f"planned: {prefill} prefill and {decode} decode replicas; "
+          f"{plan.inputs.routers_per_decode:.1f} router replicas per decode replica")
+    print("| report interval | router views | routers in the slice | TTFT p50 / p95 / p99 "
+          "(ms) | ITL p50 / p95 / p99 (ms) | busiest decode replica, x its fair share |")
+    print("|---|---|---|---|---|---|")
+    for interval in (float(value) for value in args.report_intervals.split(",")):
+        for shared in (False, True):
+            inputs = replace(plan.inputs, report_interval_s=interval,
+                             shared_router_view=shared)
+            result, simulated, window = run_slice(inputs, prefill, decode)
+            seen = read(result, inputs, prefill, decode, simulated, window)
+            routers = max(1, round(inputs.routers_per_decode * simulated[1]))
+            answered = Counter(o.decode_replica for _, o in arrived_in(result, window)
+                               if o.decode_replica is not None)
+            busiest = max(answered.values()) * simulated[1] / sum(answered.values())
+            print(f"| {interval:g} s | {'one, shared' if shared else 'each its own'} | "
+                  f"{routers} | " + " / ".join(f"{seen.ttft_s[q] * 1000:.0f}" for q in
+                                              ("p50", "p95", "p99"))
+                  + " | " + " / ".join(f"{seen.itl_s[q] * 1000:.0f}" for q in
+                                       ("p50", "p95", "p99"))
+                  + f" | {busiest:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
