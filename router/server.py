@@ -163,6 +163,10 @@ class Router:
     def __init__(self, config: PDServeConfig, pools: dict[str, dict], rollout=None):
         self._config = config
         self._versions: dict[str, VersionFrontends] = {}
+        # each version's pool -> its Serve deployment (whose replicas this process knows)
+        self._deployments = {name: {pool: pools[name][pool].deployment_name
+                                    for pool in ("prefill", "decode")}
+                             for name in config.versions}
         self._cache_store = cache_store(config.router.response_cache)
         caller = _this_actor()
         for name in config.versions:
@@ -229,12 +233,17 @@ class Router:
 
     @app.get("/admin/stats")
     async def stats(self, request: Request, version: str | None = None) -> JSONResponse:
-        """Engine statistics of one version's pools (default: the primary version)."""
+        """Engine statistics of one version's pools (default: the primary version), each
+        with how many of the pool's replicas this router replica routes to
+        (``routed_replicas``: Serve's running ones; null before its first request there)."""
         self._authorize_admin(request)
-        chosen = self._versions.get(version or self._config.model.version)
+        name = version or self._config.model.version
+        chosen = self._versions.get(name)
         if chosen is None:
             raise bad_request(f"unknown version {version!r}", "version")
-        return JSONResponse(await chosen.client.flow.pool_stats())
+        stats = await chosen.client.flow.pool_stats()
+        return JSONResponse({pool: {**stats[pool], "routed_replicas": known_replicas(
+            deployment)} for pool, deployment in self._deployments[name].items()})
 
     @app.get("/admin/rollout")
     async def rollout(self, request: Request) -> JSONResponse:

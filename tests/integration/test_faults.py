@@ -30,7 +30,14 @@ import pytest
 
 from cluster.config import load_config
 from router.sse import sse_lines
-from tests.integration.conftest import LOG_DIR, REPO, is_replica, serving, wait_for
+from tests.integration.conftest import (
+    LOG_DIR,
+    REPO,
+    engine_stats,
+    is_replica,
+    serving,
+    wait_for,
+)
 from tests.integration.engine_processes import is_spawned_as
 from tests.integration.prometheus import by_process, scrape, settled_scrape, total
 
@@ -166,10 +173,26 @@ def wait_until_whole(base_url: str) -> float:
     # the pool serves (Serve routes only to replicas whose start finished).
     for prompt in ("short", "long " * 40):
         assert complete(base_url, prompt, max_tokens=2).status_code == 200
+    # ... and the router routes to every replica: its engine process exists before its
+    # start finished, and while it loads it can look like the engine computing a test's
+    # stream (the fault would then hit the wrong replica)
+    wait_for(lambda: routed_replicas(base_url) == {
+        pool: getattr(CONFIG, pool).replicas for pool in ("prefill", "decode")},
+        "the router routing to every replica", RECOVERY_S,
+        detail=lambda: routed_replicas(base_url))
     wait_for(engines_quiet(), "every engine idle", RECOVERY_S)
     took = time.monotonic() - started
     print(f"whole again {took:.1f}s after the fault")
     return took
+
+
+def routed_replicas(base_url: str) -> dict | None:
+    """How many replicas of each pool a router replica routes to (Serve's running ones)."""
+    try:
+        stats = engine_stats(base_url)
+    except httpx.HTTPError:
+        return None
+    return {pool: stats[pool]["routed_replicas"] for pool in ("prefill", "decode")}
 
 
 def kv_held(pool: str) -> float:

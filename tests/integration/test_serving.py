@@ -173,7 +173,11 @@ def test_client_disconnect_aborts_the_request_on_both_engines(pdserve, hint):
     assert 0 < generated < 4000, "the aborted request must stop generating"
     # The engines keep serving.
     assert generate(pdserve, "chat", MODEL, "hello again", stream=True, max_tokens=4).status == 200
-    assert engine_stats(pdserve)["decode"]["num_running"] == 0
+    stats = engine_stats(pdserve)
+    assert stats["decode"]["num_running"] == 0
+    # the router routes to every replica of each pool (what the fault suite waits for)
+    assert {pool: stats[pool]["routed_replicas"] for pool in ("prefill", "decode")} == {
+        "prefill": CONFIG.prefill.replicas, "decode": CONFIG.decode.replicas}
 
 
 def test_a_streamed_event_is_one_line_whatever_its_text_holds(pdserve):
