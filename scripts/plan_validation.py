@@ -8,8 +8,10 @@
    ``--rates``, ``--repeats`` times with the same seed (the same trace: what differs
    between them is the measurement's own noise), each run's prompts salted apart so
    that none finds another's in the prefix caches;
-3. ``pdserve plan replay``: the first run at the first rate fits the serving layer's two
-   constants; every run is then replayed and predicted.
+3. ``pdserve plan replay``: the runs at ``--fit-rates`` (the first rates of ``--rates``;
+   default the first) fit the serving layer's cost, which grows with the tokens streamed
+   per second when they are two loads or more (cluster/planner/serving_cost.py); every
+   run is then replayed, and the others are predicted.
 
 ``--set`` changes the served config (``bench variants``' syntax: ``a.b=1,c=2``) and
 ``--workload-args`` adds ``pdserve bench run`` workload flags: conversations and shared
@@ -49,6 +51,9 @@ def main() -> None:
     parser.add_argument("--rates", default="1,2,4")
     parser.add_argument("--num-requests", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--fit-rates", default=None,
+                        help="the first of --rates whose runs fit the serving layer's "
+                        "cost (default: the first rate)")
     parser.add_argument("--out", type=Path, default=REPO / "bench-results/plan-validation")
     parser.add_argument("--calibration", type=Path, default=None,
                         help="a calibration file to use (default: calibrate now)")
@@ -56,6 +61,11 @@ def main() -> None:
     parser.add_argument("--workload-args", default="",
                         help="more `pdserve bench run` workload flags, quoted")
     args = parser.parse_args()
+    rates = [float(rate) for rate in args.rates.split(",")]
+    fit_rates = [float(rate) for rate in (args.fit_rates or args.rates).split(",")][
+        :None if args.fit_rates else 1]
+    if rates[:len(fit_rates)] != fit_rates:
+        parser.error("--fit-rates must be the first rates of --rates")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.set:
         document = apply_overrides(yaml.safe_load(args.config.read_text()),
@@ -91,11 +101,11 @@ def main() -> None:
                             str(config.model.path), "--out",
                             str(args.out / "answer-reuse.json")], check=True, cwd=REPO)
             reuse = ["--answer-reuse", str(args.out / "answer-reuse.json")]
-    rates = [float(rate) for rate in args.rates.split(",")]
     traces = [args.out / f"repeat{repeat}" / f"run-reference-{rate}.json"
               for rate in rates for repeat in range(1, args.repeats + 1)]
     pdserve("plan", "replay", "--config", str(args.config), "--calibration",
             str(calibration), "--out", str(args.out), *reuse,
+            "--fit-runs", str(len(fit_rates) * args.repeats),
             *[part for trace in traces for part in ("--trace", str(trace))])
 
 

@@ -29,15 +29,19 @@ def add_parser(commands) -> None:
                       choices=["size", "calibrate", "replay"],
                       help="size (default): plan a cluster; calibrate: time this "
                       "machine's engines of --config and fit their step cost (--out FILE); "
-                      "replay: run recorded `pdserve bench run` traces (--trace, the "
-                      "first fits the serving layer's constants) through the simulator "
-                      "with --calibration, on --config's pools")
+                      "replay: run recorded `pdserve bench run` traces (--trace; the "
+                      "first --fit-runs fit the serving layer's cost) through the "
+                      "simulator with --calibration, on --config's pools")
     plan.add_argument("--config", type=Path, default=REPO / "ray_configs/bench.yaml",
                       help="calibrate, replay: the served pdserve config")
     plan.add_argument("--calibration", type=Path, default=None,
                       help="replay: a `pdserve plan calibrate` file")
     plan.add_argument("--trace", type=Path, action="append", default=[],
                       help="replay: a `pdserve bench run` JSON file (repeatable)")
+    plan.add_argument("--fit-runs", type=_positive, default=1,
+                      help="replay: how many of the first --trace runs fit the serving "
+                      "layer's cost (runs at two or more loads fit its growth with load; "
+                      "one load, constants)")
     plan.add_argument("--prompt-lengths", default=None,
                       help="calibrate: prompt lengths swept (default 16,...,8192)")
     plan.add_argument("--decode-batches", default=None,
@@ -334,11 +338,15 @@ def _measured_transfer(args, config) -> tuple:
 
 def _replay(args) -> int:
     from cluster.config import load_config
-    from cluster.planner.replay import Served, fit_offsets, measured, simulate, trace_requests
+    from cluster.planner.replay import Served, fit_serving, measured, simulate, trace_requests
 
     if args.calibration is None or not args.trace:
         print("pdserve plan replay: needs --calibration and at least one --trace",
               file=sys.stderr)
+        return 2
+    if args.fit_runs > len(args.trace):
+        print(f"pdserve plan replay: --fit-runs {args.fit_runs} is more than the "
+              f"{len(args.trace)} --trace runs", file=sys.stderr)
         return 2
     config = load_config(args.config)
     calibration = json.loads(args.calibration.read_text())
@@ -351,39 +359,49 @@ def _replay(args) -> int:
     runs = [json.loads(path.read_text()) for path in args.trace]
     traces = [run["records"] for run in runs]
     shared = [run.get("workload", {}).get("shared_prefix_tokens", 0) for run in runs]
-    offset, slowdown = fit_offsets(served, traces[0], shared[0], args.answer_reuse)
-    first = args.trace[0]
-    print(f"fitted on {first.parent.name}/{first.name}: {offset * 1000:.1f} ms added to "
-          f"each TTFT, decode steps x{slowdown:.2f}")
-    print("| trace | | TTFT p50 | TTFT p95 | decode p50 | E2E p50 |\n|---|---|---|---|---|---|")
+    cost = fit_serving(served, list(zip(traces, shared, strict=True))[:args.fit_runs],
+                       args.answer_reuse)
+    _print_serving_cost(cost, args.trace[:args.fit_runs])
+    print("| trace | | TTFT p50 | TTFT p95 | decode p50 | E2E p50 | tokens/s |\n"
+          "|---|---|---|---|---|---|---|")
     rows, works = [], []
-    for path, records, run, head in zip(args.trace, traces, runs, shared, strict=True):
+    for index, (path, records, run, head) in enumerate(zip(args.trace, traces, runs, shared,
+                                                           strict=True)):
         name = f"{path.parent.name}/{path.name}"
         truth = measured(records)
-        seen = simulate(served, trace_requests(records, head, args.answer_reuse), offset,
-                        slowdown)
+        seen = simulate(served, trace_requests(records, head, args.answer_reuse), cost)
         works.append((name, run.get("engine_work"), seen.prompt_tokens))
         for label, values in (("measured", truth), ("simulated", seen)):
             print(f"| {name} | {label} | " + " | ".join(
                 f"{getattr(values, k) * 1000:.0f} ms" for k in
-                ("ttft_p50", "ttft_p95", "decode_p50", "e2e_p50")) + " |")
+                ("ttft_p50", "ttft_p95", "decode_p50", "e2e_p50"))
+                + f" | {values.streamed_per_s:.0f} |")
         errors = {k: getattr(seen, k) / getattr(truth, k) - 1 for k in
                   ("ttft_p50", "ttft_p95", "decode_p50", "e2e_p50")}
         print(f"| {name} | error | " + " | ".join(f"{e:+.0%}" for e in errors.values())
-              + " |")
-        rows.append({"trace": str(path), "measured": truth.__dict__,
-                     "simulated": seen.__dict__, "error": errors,
-                     "engine_work": run.get("engine_work")})
+              + " | |")
+        rows.append({"trace": str(path), "fitted_on": index < args.fit_runs,
+                     "measured": truth.__dict__, "simulated": seen.__dict__,
+                     "error": errors, "engine_work": run.get("engine_work")})
     _print_prompt_tokens(works)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "replay.json").write_text(json.dumps(
-            {"ttft_offset_s": offset, "decode_slowdown": slowdown, "runs": rows}, indent=2))
+            {"serving_cost": cost.__dict__, "runs": rows}, indent=2))
         from cluster.planner.plots import replay_plot
 
         replay_plot(args.out / "replay.png", rows)
         print(f"wrote {args.out / 'replay.json'} and {args.out / 'replay.png'}")
     return 0
+
+
+def _print_serving_cost(cost, fitted_on) -> None:
+    names = ", ".join(f"{path.parent.name}/{path.name}" for path in fitted_on)
+    print(f"serving layer fitted on {names}: each TTFT + ({cost.ttft_s * 1000:.1f} ms + "
+          f"{cost.ttft_per_prompt_token_s * 1e6:.1f} us a prompt token) / (1 - "
+          f"{cost.ttft_load_s * 1e6:.0f} us x streamed tokens/s); decode steps "
+          f"x{cost.decode_slowdown:.2f} / (1 - {cost.decode_load_s * 1e6:.0f} us x "
+          "streamed tokens/s)")
 
 
 def _print_prompt_tokens(works) -> None:

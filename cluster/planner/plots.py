@@ -50,8 +50,9 @@ def plan_plot(path: Path, plan: Plan, peak_to_mean: float) -> None:
 
 def replay_plot(path: Path, runs: list[dict]) -> None:
     """``pdserve plan replay``'s runs (replay.json's ``runs``) side by side: each trace's
-    measured and simulated TTFT p50 and p95 and E2E p50, and, where the run counted the
-    engines' work, each pool's prompt tokens by source, measured against simulated."""
+    measured and simulated TTFT p50 and p95 and E2E p50 (the runs the serving cost was
+    fitted on marked), and, where the run counted the engines' work, each pool's prompt
+    tokens by source, measured against simulated."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -61,7 +62,8 @@ def replay_plot(path: Path, runs: list[dict]) -> None:
     figure, axes = plt.subplots(1, 2 if counted else 1, figsize=(12 if counted else 7, 4.5),
                                 squeeze=False)
     latencies, tokens = axes[0][0], axes[0][-1]
-    names = [Path(run["trace"]).parent.name + "/" + Path(run["trace"]).stem for run in runs]
+    names = [Path(run["trace"]).parent.name + "/" + Path(run["trace"]).stem
+             + (" (fit)" if run.get("fitted_on") else "") for run in runs]
     places = range(len(runs))
     for color, key, label in (("C0", "ttft_p50", "TTFT p50"), ("C1", "ttft_p95", "TTFT p95"),
                               ("C2", "e2e_p50", "E2E p50")):

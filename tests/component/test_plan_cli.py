@@ -192,5 +192,9 @@ def test_calibrate_times_both_pools_engines_and_replay_uses_the_fit(tmp_path, ca
         (Path(served.model.path) / "config.json").read_text()), 4)    # float32
     assert f"{per_token:,} bytes a token" in capsys.readouterr().out
     with_link = json.loads((tmp_path / "measured" / "replay.json").read_text())
-    assert with_link["ttft_offset_s"] == pytest.approx(replayed["ttft_offset_s"] - 0.020,
-                                                       abs=0.004)
+    assert with_link["serving_cost"]["ttft_s"] == pytest.approx(
+        replayed["serving_cost"]["ttft_s"] - 0.020, abs=0.004)
+    # more runs to fit on than runs given is an error, not a fit on fewer
+    assert main(["plan", "replay", "--config", str(TEST_CONFIG), "--calibration",
+                 str(calibration), "--trace", str(trace), "--fit-runs", "2"]) == 2
+    assert "--fit-runs 2 is more than the 1 --trace runs" in capsys.readouterr().err

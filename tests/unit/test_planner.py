@@ -27,7 +27,7 @@ from cluster.planner.model import LLAMA_3_1_70B, ModelShape, prefill_pairs
 from cluster.planner.output import config_document, figures
 from cluster.planner.replay import (
     Served,
-    fit_offsets,
+    fit_serving,
     measured,
     simulate,
     step_cost,
@@ -43,6 +43,13 @@ from cluster.planner.search import (
     search,
     slice_of,
     weighted_percentile,
+)
+from cluster.planner.serving_cost import (
+    MAX_BUSY,
+    LoadPoint,
+    ServingCost,
+    fit_serving_cost,
+    residual_slope,
 )
 from cluster.planner.workload import diurnal_shape, requests
 
@@ -284,27 +291,101 @@ def served_cluster() -> Served:
     return Served(1, 1, 0, pool, pool, transfer_s=0.002)
 
 
-def test_a_replay_recovers_the_serving_layers_constants_from_a_run_they_made():
-    served = served_cluster()
-    requests = [SimRequest(i * 0.25, 100 + (i * 53) % 700, 10 + i % 40) for i in range(160)]
-    offset, slowdown = 0.030, 1.6
-    spec = ClusterSpec(1, 1, step_cost(served.prefill), step_cost(served.decode, slowdown),
+def recorded(served: Served, requests: list[SimRequest], cost: ServingCost) -> list[dict]:
+    """The records a run would leave if the serving layer cost ``cost``: the replay's own
+    engines, with the serving layer's time added to each request at the load it streams."""
+    seen = simulate(served, requests, cost)
+    spec = ClusterSpec(1, 1, step_cost(served.prefill),
+                       step_cost(served.decode, cost.decode_factor(seen.streamed_per_s)),
                        lambda prompt: 0.002, prefill_limits=EngineLimits(2048, 64, 10**6),
                        decode_limits=EngineLimits(2048, 64, 10**6))
     result = Simulation(spec, requests, random.Random(0)).run()
-    records = [{"sent_at": r.arrival_s, "prompt_tokens": r.prompt_tokens,
-                "output_tokens": r.output_tokens,
-                "first_token_at": r.arrival_s + o.ttft_s + offset,
-                "token_times": [r.arrival_s + o.e2e_s + offset]}
-               for r, o in zip(requests, result.outcomes, strict=True)]
+    records = []
+    for r, o in zip(requests, result.outcomes, strict=True):
+        added = cost.ttft_added(r.prompt_tokens, seen.streamed_per_s)
+        records.append({"sent_at": r.arrival_s, "prompt_tokens": r.prompt_tokens,
+                        "output_tokens": r.output_tokens,
+                        "first_token_at": r.arrival_s + o.ttft_s + added,
+                        "token_times": [r.arrival_s + o.e2e_s + added]})
+    return records
+
+
+def requests_at(rate: float, count: int = 160) -> list[SimRequest]:
+    return [SimRequest(i / rate, 100 + (i * 53) % 700, 10 + i % 40) for i in range(count)]
+
+
+def test_a_replay_recovers_the_serving_layers_constants_from_a_run_they_made():
+    served = served_cluster()
+    requests = requests_at(4.0)
+    truth_cost = ServingCost(ttft_s=0.030, ttft_per_prompt_token_s=2e-5, decode_slowdown=1.6)
+    records = recorded(served, requests, truth_cost)
     assert trace_requests(records) == requests
-    fitted_offset, fitted_slowdown = fit_offsets(served, records)
-    assert fitted_slowdown == pytest.approx(slowdown, rel=0.05)
-    assert fitted_offset == pytest.approx(offset, abs=0.005)
+    fitted = fit_serving(served, [(records, 0)])
+    assert fitted.decode_slowdown == pytest.approx(1.6, rel=0.05)
+    assert fitted.ttft_s == pytest.approx(0.030, abs=0.005)
+    assert fitted.ttft_per_prompt_token_s == pytest.approx(2e-5, rel=0.2)
+    assert fitted.ttft_load_s == fitted.decode_load_s == 0    # one load: constants
     truth = measured(records)
-    seen = simulate(served, requests, fitted_offset, fitted_slowdown)
-    assert seen.ttft_p50 == pytest.approx(truth.ttft_p50, rel=0.05)
-    assert seen.e2e_p50 == pytest.approx(truth.e2e_p50, rel=0.05)
+    seen = simulate(served, requests, fitted)
+    for key in ("ttft_p50", "ttft_p95", "e2e_p50"):
+        assert getattr(seen, key) == pytest.approx(getattr(truth, key), rel=0.05)
+    assert seen.streamed_per_s == pytest.approx(truth.streamed_per_s, rel=0.02)
+
+
+def test_runs_at_two_loads_fit_the_serving_layers_growth_and_predict_a_third():
+    """A serving layer that slows as it streams more: fitted on runs at 2 and 5 requests/s,
+    the replay predicts the run at 8/s; constants fitted at 2/s alone under-predict it."""
+    served = served_cluster()
+    truth_cost = ServingCost(ttft_s=0.030, ttft_per_prompt_token_s=1e-5,
+                             decode_slowdown=1.3, ttft_load_s=1.5e-3, decode_load_s=8e-4)
+    runs = {rate: recorded(served, requests_at(rate), truth_cost) for rate in (2.0, 5.0, 8.0)}
+    fitted = fit_serving(served, [(runs[2.0], 0), (runs[5.0], 0)])
+    assert fitted.ttft_load_s == pytest.approx(1.5e-3, rel=0.15)
+    assert fitted.decode_load_s == pytest.approx(8e-4, rel=0.15)
+    held_out = measured(runs[8.0])
+    predicted = simulate(served, trace_requests(runs[8.0]), fitted)
+    constants = simulate(served, trace_requests(runs[8.0]),
+                         fit_serving(served, [(runs[2.0], 0)]))
+    for key in ("ttft_p50", "e2e_p50"):
+        assert getattr(predicted, key) == pytest.approx(getattr(held_out, key), rel=0.1)
+        assert getattr(constants, key) < 0.85 * getattr(held_out, key)
+
+
+def test_the_serving_cost_grows_with_load_and_saturates_rather_than_turning_negative():
+    cost = ServingCost(ttft_s=0.02, ttft_per_prompt_token_s=1e-5, decode_slowdown=1.2,
+                       ttft_load_s=1e-3, decode_load_s=5e-4)
+    assert cost.ttft_added(1000, 0) == pytest.approx(0.03)
+    assert cost.ttft_added(1000, 500) == pytest.approx(0.06)          # half busy: twice
+    assert cost.decode_factor(1000) == pytest.approx(2.4)
+    assert cost.ttft_added(1000, 10**6) == pytest.approx(0.03 / (1 - MAX_BUSY))
+    # the fit: exact points give the cost back; one load or a falling line, constants
+    points = [LoadPoint(r, cost.decode_factor(r), 0.02 / (1 - 1e-3 * r),
+                        1e-5 / (1 - 1e-3 * r)) for r in (100, 300, 600)]
+    fitted = fit_serving_cost(points)
+    for field_name in ("ttft_s", "ttft_per_prompt_token_s", "decode_slowdown",
+                       "ttft_load_s", "decode_load_s"):
+        assert getattr(fitted, field_name) == pytest.approx(getattr(cost, field_name))
+    # runs at one load (their rates within DISTINCT_LOADS) fit constants, whatever noise
+    # they differ by
+    noisy = fit_serving_cost([LoadPoint(278, 1.5, 0.03, 0), LoadPoint(280, 1.6, 0.02, 0)])
+    assert (noisy.decode_load_s, noisy.ttft_load_s) == (0, 0)
+    assert noisy.decode_slowdown == pytest.approx(1.55)
+    falling = fit_serving_cost([LoadPoint(100, 2.0, 0.04, 0), LoadPoint(300, 1.0, 0.02, 0)])
+    assert (falling.decode_slowdown, falling.decode_load_s) == (1.5, 0.0)
+    assert (falling.ttft_s, falling.ttft_load_s) == pytest.approx((0.03, 0.0))
+    with pytest.raises(ValueError):
+        fit_serving_cost([])
+
+
+def test_the_residual_slope_follows_the_prompt_and_ignores_a_queueing_outlier():
+    prompts = list(range(100, 2100, 100))
+    residuals = [0.02 + 1e-5 * p for p in prompts]
+    assert residual_slope(prompts, residuals) == pytest.approx(1e-5)
+    residuals[3] += 0.5             # one request that waited: the weighted median holds
+    assert residual_slope(prompts, residuals) == pytest.approx(1e-5)
+    # time that falls with the prompt is noise: no negative slope
+    assert residual_slope(prompts, [0.05 - 1e-5 * p for p in prompts]) == 0
+    assert residual_slope([500] * 5, [0.01, 0.02, 0.03, 0.04, 0.05]) == 0   # one length
 
 
 def test_a_measured_transfer_is_the_line_through_bench_transfers_reads():
