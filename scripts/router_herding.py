@@ -1,11 +1,13 @@
 """What many router replicas that cannot see each other's sends cost a plan.
 
-Plans the reference scenario as ``pdserve plan --rate 5200`` does (each router replica of
-the simulated slice routes on what it alone knows: the replicas' reports, and only its
-own sends since them), then simulates the planned cluster's slice again with one view
-shared by all its routers, as if each saw every other's sends, at each of
-``--report-intervals``. Prints a markdown table (docs/planning.md): TTFT and ITL p50 / p95
-/ p99 and the busiest decode replica's share of the slice's requests.
+Plans the reference scenario as ``pdserve plan --rate 5200`` does (with one view shared by
+all router replicas, its default), then simulates the planned cluster's slice with each
+router replica on its own view (the replicas' reports and only its own sends since them,
+as pdserve's routers route) and with the shared one, at each of
+``--report-intervals``, both with the base config's pools' ``max_ongoing_requests``
+(Serve turns a request away from a full replica). Prints a markdown table
+(docs/planning.md): TTFT and ITL p50 / p95 / p99 and the busiest decode replica's share
+of the slice's requests over its fair share.
 
     .venv/bin/python scripts/router_herding.py          # ~5 min on 2 cores
 """
@@ -35,25 +37,30 @@ def main() -> None:
     prefill, decode = plan.prediction.prefill_replicas, plan.prediction.decode_replicas
     print(f"planned: {prefill} prefill and {decode} decode replicas; "
           f"{plan.inputs.routers_per_decode:.1f} router replicas per decode replica")
-    print("| report interval | router views | routers in the slice | TTFT p50 / p95 / p99 "
-          "(ms) | ITL p50 / p95 / p99 (ms) | busiest decode replica, x its fair share |")
-    print("|---|---|---|---|---|---|")
+    print("| report interval | router views | Serve's max_ongoing_requests | routers in the "
+          "slice | TTFT p50 / p95 / p99 (ms) | ITL p50 / p95 / p99 (ms) | busiest decode "
+          "replica, x its fair share |")
+    print("|---|---|---|---|---|---|---|")
+    unlimited = {pool: replace(getattr(plan.inputs, pool), max_ongoing=None)
+                 for pool in ("prefill", "decode")}
     for interval in (float(value) for value in args.report_intervals.split(",")):
-        for shared in (False, True):
+        for shared, limited in ((True, True), (False, True), (False, False)):
             inputs = replace(plan.inputs, report_interval_s=interval,
-                             shared_router_view=shared)
+                             shared_router_view=shared, **({} if limited else unlimited))
             result, simulated, window = run_slice(inputs, prefill, decode)
             seen = read(result, inputs, prefill, decode, simulated, window)
             routers = max(1, round(inputs.routers_per_decode * simulated[1]))
             answered = Counter(o.decode_replica for _, o in arrived_in(result, window)
                                if o.decode_replica is not None)
             busiest = max(answered.values()) * simulated[1] / sum(answered.values())
+            limits = (f"{inputs.prefill.max_ongoing} / {inputs.decode.max_ongoing}"
+                      if limited else "none")
             print(f"| {interval:g} s | {'one, shared' if shared else 'each its own'} | "
-                  f"{routers} | " + " / ".join(f"{seen.ttft_s[q] * 1000:.0f}" for q in
-                                              ("p50", "p95", "p99"))
+                  f"{limits} | {routers} | "
+                  + " / ".join(f"{seen.ttft_s[q] * 1000:.0f}" for q in ("p50", "p95", "p99"))
                   + " | " + " / ".join(f"{seen.itl_s[q] * 1000:.0f}" for q in
                                        ("p50", "p95", "p99"))
-                  + f" | {busiest:.2f} |")
+                  + f" | {busiest:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

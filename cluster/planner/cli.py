@@ -115,6 +115,12 @@ def add_parser(commands) -> None:
     plan.add_argument("--no-admission", dest="admission", action="store_false",
                       help="admit every request at once, not through the base config's "
                       "router replicas and their admission budgets")
+    plan.add_argument("--router-views", choices=["shared", "each"], default="shared",
+                      help="each: every router replica routes on its own view (the "
+                      "replicas' reports and only its own sends since), as pdserve's "
+                      "routers do, and thousands of them herd (docs/planning.md, 'Many "
+                      "routers'); shared (default, until the routers' policy spreads "
+                      "such bursts): one view for all, as if each saw the others' sends")
     plan.add_argument("--max-tokens", type=_positive, default=None,
                       help="the max_tokens each request asks for, which admission "
                       "reserves (default: the base config's router.default_max_tokens)")
@@ -250,10 +256,13 @@ def inputs_from(args):
                         allreduce_efficiency=args.allreduce_efficiency)
 
     routers, routers_per_decode = _router_tier(args)
+    base = _base_config(args)       # its pools' max_ongoing_requests (Serve's)
     return PlanInputs(
         prefill_cost=cost(args.prefill_tp[0]), decode_cost=cost(args.decode_tp[0]),
-        prefill=EngineLimits(args.prefill_batched_tokens, 256),
-        decode=EngineLimits(args.decode_batched_tokens, args.decode_max_seqs),
+        prefill=EngineLimits(args.prefill_batched_tokens, 256,
+                             max_ongoing=base.prefill.max_ongoing_requests),
+        decode=EngineLimits(args.decode_batched_tokens, args.decode_max_seqs,
+                            max_ongoing=base.decode.max_ongoing_requests),
         transfer=Transfer(args.prefill_tp[0] * accelerator.link_bandwidth),
         workload=WorkloadSpec(name=args.workload, rate=args.rate, seed=args.seed,
                               max_model_len=10240,
@@ -264,23 +273,31 @@ def inputs_from(args):
         sim_seconds=args.sim_seconds, slice_replicas=args.slice_replicas,
         prefix_hit=args.prefix_hit, response_cache_hit=args.response_cache_hit,
         answer_reuse=args.answer_reuse, routers=routers,
-        routers_per_decode=routers_per_decode)
+        routers_per_decode=routers_per_decode,
+        shared_router_view=args.router_views == "shared")
+
+
+def _base_config(args):
+    """The parsed ``--base-config``."""
+    import yaml
+
+    from cluster.config import parse_config
+
+    return parse_config(yaml.safe_load(args.base_config.read_text()),
+                        source=str(args.base_config))
 
 
 def _router_tier(args):
     """The base config's router replicas (as many per decode replica as it has) and one
     replica's admission, each request asking for ``--max-tokens`` (default: the base's
     ``default_max_tokens``, a client that sets none). ``--no-admission``: (None, 0)."""
-    import yaml
 
-    from cluster.config import parse_config
     from cluster.planner.des import RouterTier
     from router.admission import AdmissionPolicy
 
     if not args.admission:
         return None, 0.0
-    base = parse_config(yaml.safe_load(args.base_config.read_text()),
-                        source=str(args.base_config))
+    base = _base_config(args)
     router = base.router
     tier = RouterTier(replicas=router.replicas,
                       admission=AdmissionPolicy.from_config(router.admission),

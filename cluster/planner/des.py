@@ -151,6 +151,9 @@ class EngineLimits:
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
     kv_capacity_tokens: int = 10**9
+    # Serve's max_ongoing_requests of the pool: a replica holding this many requests
+    # turns the next away and the router tries its next choice (None: no limit)
+    max_ongoing: int | None = None
 
 
 @dataclass(frozen=True)
@@ -311,10 +314,15 @@ class _Engine:
     reserved: int = 0                                 # KV tokens held by running
     preemptions: int = 0
     busy_s: float = 0.0
+    ongoing: int = 0                                  # requests its replica holds (Serve's)
     cache: _PrefixCache = field(default_factory=_PrefixCache)
     block_size: int = 16
     # prompt tokens taken in, by where their KV came from (engine_work's sources)
     prompt_tokens: dict = field(default_factory=lambda: dict.fromkeys(PROMPT_SOURCES, 0))
+
+    def has_room(self) -> bool:
+        """Whether its replica takes one more request (Serve's max_ongoing_requests)."""
+        return self.limits.max_ongoing is None or self.ongoing < self.limits.max_ongoing
 
     def queued_prompt_tokens(self) -> int:
         return (sum(s.target - s.computed for s in self.waiting)
@@ -506,8 +514,10 @@ class Simulation:
         ranking = rank_prefill(seq.prompt, view.prefix_index.match(chain),
                                self._loads(self.prefill, view), self._prefill_policy,
                                self.rng).ranking
-        view.prefix_index.record(chain, ranking[0])
-        return next(e for e in self.prefill if e.name == ranking[0])
+        engine = _first_with_room(ranking, self.prefill)
+        engine.ongoing += 1             # its replica holds it until its prompt is computed
+        view.prefix_index.record(chain, engine.name)
+        return engine
 
     def _pick_decode(self, seq: _Seq, pinned: str | None = None) -> _Engine:
         """The decode router: its ranking (prefix affinity, the pinned holder), then its
@@ -518,9 +528,11 @@ class Simulation:
             matched = view.belief.match_chain(seq.chain)
         ranking = rank_decode(self._loads(self.decode, view), self._decode_policy, self.rng,
                               matched, seq.prompt, pinned=pinned)
+        engine = _first_with_room(ranking, self.decode)
+        engine.ongoing += 1             # its replica holds it from the pull to the answer
         if seq.chain:   # only a request with blocks to share is told back when it ends
-            view.belief.routed_chain(f"decode-{seq.index}", seq.chain, ranking[0])
-        return next(e for e in self.decode if e.name == ranking[0])
+            view.belief.routed_chain(f"decode-{seq.index}", seq.chain, engine.name)
+        return engine
 
     # -- requests ------------------------------------------------------------------------
 
@@ -601,8 +613,10 @@ class Simulation:
                                                                           seq.prompt)
         return choose_path_with_cache(seq.prompt, threshold, holder, held)
 
-    def _prefilled(self, seq: _Seq) -> None:
-        """Its decode replica is chosen, which pulls the blocks its cache lacks."""
+    def _prefilled(self, engine: _Engine, seq: _Seq) -> None:
+        """Its prefill replica is done with it; its decode replica is chosen, which pulls
+        the blocks its cache lacks."""
+        engine.ongoing -= 1
         outcome = self.outcomes[seq.index]
         outcome.prefill_done_s = self.now - self.arrivals[seq.index]
         moved = _Seq(seq.index, seq.prompt, seq.output, computed=seq.prompt, chain=seq.chain,
@@ -681,7 +695,7 @@ class Simulation:
                 self._answered(engine, seq)
             else:
                 engine.cache.keep(seq.chain)
-                self._prefilled(seq)
+                self._prefilled(engine, seq)
         if decoding:
             self._count_decode(-sum(1 for s in done))
         self._kick(engine, decoding)
@@ -690,6 +704,7 @@ class Simulation:
         """Its engine caches the prompt and answer (less the last token, never fed back),
         the router's belief records them, and the conversation's next turn is due."""
         request = self.requests[seq.index]
+        engine.ongoing -= 1
         self._released(seq.index)
         if seq.chain:
             whole = block_chain(request, seq.prompt + seq.output - 1, self.spec.block_size)
@@ -704,6 +719,15 @@ class Simulation:
         self._concurrency += self._decode_seqs * (self.now - self._last_change)
         self._last_change = self.now
         self._decode_seqs += change
+
+
+def _first_with_room(ranking: Sequence[str], engines: list[_Engine]) -> _Engine:
+    """The first of the ranking whose replica takes the request, as Serve tries them in
+    order; when all are full, the first (Serve would hold it in the router until one
+    has room: here it waits in that engine's queue instead)."""
+    by_name = {engine.name: engine for engine in engines}
+    return next((by_name[name] for name in ranking if by_name[name].has_room()),
+                by_name[ranking[0]])
 
 
 def _summed(engines: list[_Engine]) -> dict[str, int]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from cluster.planner.des import ClusterSpec, RouterTier, SimRequest, Simulation
+from cluster.planner.des import ClusterSpec, EngineLimits, RouterTier, SimRequest, Simulation
 from router.admission import AdmissionPolicy
 
 
@@ -103,10 +103,12 @@ def test_routers_that_cannot_see_each_others_sends_herd_onto_the_least_loaded_re
     requests = ([SimRequest(1.1 * i, 16, 500) for i in range(3)]
                 + [SimRequest(3.5, 16, 50) for _ in range(8)])
 
-    def burst_on_idle_replica(routers: int, shared: bool = False) -> int:
+    def burst_on_idle_replica(routers: int, shared: bool = False,
+                              max_ongoing: int | None = None) -> int:
         spec = ClusterSpec(0, 4, lambda n, p, c: 0.01, lambda n, p, c: 0.01,
                            lambda t: 0.0, routers=_tier(routers, budget=10**6),
-                           shared_router_view=shared)
+                           shared_router_view=shared,
+                           decode_limits=EngineLimits(max_ongoing=max_ongoing))
         outcomes = Simulation(spec, requests).run().outcomes
         busy = {o.decode_replica for o in outcomes[:3]}
         assert len(busy) == 3                    # each saw the others in a report
@@ -116,3 +118,6 @@ def test_routers_that_cannot_see_each_others_sends_herd_onto_the_least_loaded_re
     assert spread <= 3                  # 11 sequences over 4 replicas: about 3 each
     assert herded >= 5
     assert burst_on_idle_replica(16, shared=True) == spread   # one view: as one router
+    # Serve's max_ongoing_requests bounds it: a full replica turns the next one away and
+    # the router tries its next choice
+    assert burst_on_idle_replica(16, max_ongoing=3) == 3
