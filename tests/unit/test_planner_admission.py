@@ -28,8 +28,10 @@ BURST = [SimRequest(0.0, 90, 10) for _ in range(6)]
 
 
 def _drained(simulation: Simulation) -> bool:
-    return all(c.in_flight_tokens == 0 and c.queue_length == 0
-               for c in simulation._admission) and not any(simulation._in_router)
+    """Every admission budget back to zero, and every replica holding nothing."""
+    return (all(c.in_flight_tokens == 0 and c.queue_length == 0
+                for c in simulation._admission) and not any(simulation._in_router)
+            and not any(e.ongoing for e in simulation.prefill + simulation.decode))
 
 
 def test_requests_beyond_the_budget_wait_for_it_and_all_finish():
@@ -109,7 +111,10 @@ def test_routers_that_cannot_see_each_others_sends_herd_onto_the_least_loaded_re
                            lambda t: 0.0, routers=_tier(routers, budget=10**6),
                            shared_router_view=shared,
                            decode_limits=EngineLimits(max_ongoing=max_ongoing))
-        outcomes = Simulation(spec, requests).run().outcomes
+        simulation = Simulation(spec, requests)
+        outcomes = simulation.run().outcomes
+        # every replica gave back each request it held (Serve's ongoing counts balance)
+        assert [engine.ongoing for engine in simulation.decode] == [0] * 4
         busy = {o.decode_replica for o in outcomes[:3]}
         assert len(busy) == 3                    # each saw the others in a report
         return sum(o.decode_replica not in busy for o in outcomes[3:])
