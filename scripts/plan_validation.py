@@ -62,8 +62,8 @@ def main() -> None:
                         help="more `pdserve bench run` workload flags, quoted")
     args = parser.parse_args()
     rates = [float(rate) for rate in args.rates.split(",")]
-    fit_rates = [float(rate) for rate in (args.fit_rates or args.rates).split(",")][
-        :None if args.fit_rates else 1]
+    fit_rates = ([float(rate) for rate in args.fit_rates.split(",")] if args.fit_rates
+                 else rates[:1])
     if rates[:len(fit_rates)] != fit_rates:
         parser.error("--fit-rates must be the first rates of --rates")
     args.out.mkdir(parents=True, exist_ok=True)

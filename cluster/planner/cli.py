@@ -255,8 +255,8 @@ def inputs_from(args):
                         allreduce_latency_s=args.allreduce_latency_us / 1e6,
                         allreduce_efficiency=args.allreduce_efficiency)
 
-    routers, routers_per_decode = _router_tier(args)
-    base = _base_config(args)       # its pools' max_ongoing_requests (Serve's)
+    base = _base_config(args)       # its router tier and pools' max_ongoing_requests
+    routers, routers_per_decode = _router_tier(args, base)
     return PlanInputs(
         prefill_cost=cost(args.prefill_tp[0]), decode_cost=cost(args.decode_tp[0]),
         prefill=EngineLimits(args.prefill_batched_tokens, 256,
@@ -287,17 +287,16 @@ def _base_config(args):
                         source=str(args.base_config))
 
 
-def _router_tier(args):
-    """The base config's router replicas (as many per decode replica as it has) and one
-    replica's admission, each request asking for ``--max-tokens`` (default: the base's
-    ``default_max_tokens``, a client that sets none). ``--no-admission``: (None, 0)."""
-
+def _router_tier(args, base):
+    """The ``base`` config's router replicas (as many per decode replica as it has) and
+    one replica's admission, each request asking for ``--max-tokens`` (default: the
+    base's ``default_max_tokens``, a client that sets none). ``--no-admission``: (None,
+    0)."""
     from cluster.planner.des import RouterTier
     from router.admission import AdmissionPolicy
 
     if not args.admission:
         return None, 0.0
-    base = _base_config(args)
     router = base.router
     tier = RouterTier(replicas=router.replicas,
                       admission=AdmissionPolicy.from_config(router.admission),
