@@ -472,6 +472,12 @@ class PoolRoutingConfig(StrictModel):
         "around the pool's total prefix-cache blocks")
     stale_after_s: float = Field(
         5.0, gt=0, description="a replica whose last load report is older ranks last")
+    spread: bool = Field(
+        True, description="when other router replicas send to the pool too, draw the "
+        "first choice by each replica's share of the requests expected before the next "
+        "load report, as one dispatcher would fill the pool (routers that cannot see "
+        "each other's sends would otherwise all pick the same least loaded replica); "
+        "false: always the least loaded. One router alone ranks the same either way")
 
 
 class PrefillRoutingConfig(PoolRoutingConfig):

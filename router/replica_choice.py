@@ -26,12 +26,23 @@ it is, and this router's own pending tally keeps it from being flooded until its
 report. A replica whose last report is older than ``stale_after_s`` (it stopped answering
 the stats call: hung or overloaded) is ranked after every replica with a current report.
 
+Many routers. Each router replica knows only its own sends since the last report, so a
+deterministic "least loaded first" sends every router's next request to the same replica:
+hundreds of routers herd onto it between two reports. When other routers send to the pool
+too (``OtherRouters`` estimates how many requests a report period), the first choice is
+drawn at random among the best-ranked tier, each replica with the share a central
+dispatcher would give it: the requests expected before the next report, this one included,
+poured over the replicas' loads lowest first (``water_fill_shares``). All routers drawing
+independently from those shares fill the pool as one dispatcher would; one router alone
+(no others) keeps the deterministic ranking.
+
 Nothing here reads a clock or a global random source: ``now`` and an optional
 ``random.Random`` (for tie-breaks) are passed in, so a decision replays exactly in a test.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -380,6 +391,12 @@ def reported_at_of(stats: Mapping[str, object] | None) -> float | None:
     return _number((stats or {}).get("reported_at"))
 
 
+def finished_of(stats: Mapping[str, object] | None) -> int | None:
+    """The report's finished-requests counter (None: absent or not a number)."""
+    finished = _number((stats or {}).get("requests_finished"))
+    return None if finished is None else int(finished)
+
+
 def _number(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -392,6 +409,111 @@ def _tie_breaks(loads: Sequence[ReplicaLoad], rng: random.Random | None) -> dict
     if rng is None:
         return {load.replica_id: load.replica_id for load in loads}
     return {load.replica_id: rng.random() for load in loads}
+
+
+# ---------------------------------------------------------------------------------------
+# Many routers: the share of the requests to come that each replica should take
+
+
+def water_fill_shares(levels: Mapping[ReplicaId, float], amount: float,
+                      weights: Mapping[ReplicaId, float] | None = None
+                      ) -> dict[ReplicaId, float]:
+    """How ``amount`` units of work poured over replicas at ``levels`` divide among them.
+
+    The lowest fill first, up to the common level ``h`` where ``sum(max(0, h - level) *
+    weight) = amount`` (a unit raises a replica of weight ``w`` by ``1 / w``: a replica
+    with twice the sequence slots takes twice the requests per level). Returns each
+    replica's share of ``amount`` (they sum to 1); replicas above ``h`` are left out.
+    """
+    if amount <= 0 or not levels:
+        raise ValueError("amount > 0 and at least one replica required")
+    weight = {r: (weights or {}).get(r, 1.0) for r in levels}
+    ordered = sorted(levels, key=lambda r: levels[r])
+    filled_weight = filled_work = 0.0
+    level = 0.0
+    for count, replica in enumerate(ordered, start=1):
+        filled_weight += weight[replica]
+        filled_work += levels[replica] * weight[replica]
+        level = (amount + filled_work) / filled_weight
+        if count == len(ordered) or level <= levels[ordered[count]]:
+            break
+    return {r: (level - levels[r]) * weight[r] / amount
+            for r in ordered if level > levels[r]}
+
+
+def _draw_first(ranking: list[ReplicaLoad], in_draw: int, levels: Mapping[ReplicaId, float],
+                amount: float, rng: random.Random,
+                weights: Mapping[ReplicaId, float] | None = None) -> list[ReplicaLoad]:
+    """``ranking`` with one of its first ``in_draw`` replicas, drawn by its water-fill
+    share of ``amount``, moved to the front (the rest keep their order)."""
+    shares = water_fill_shares({load.replica_id: levels[load.replica_id]
+                                for load in ranking[:in_draw]}, amount, weights)
+    point, total = rng.random(), 0.0
+    for position, load in enumerate(ranking[:in_draw]):
+        total += shares.get(load.replica_id, 0.0)
+        if point < total:
+            return [load, *ranking[:position], *ranking[position + 1:]]
+    return ranking   # rounding left the point past the last share: keep the best
+
+
+class OtherRouters:
+    """How many requests the pool's other routers send it per report period (pure).
+
+    Each replica's report carries its finished-requests counter. Between two reports of a
+    replica, the requests it finished less those of this router's that completed there
+    (Serve tells each router of its own) are the other routers' requests: no need to
+    know how many routers there are, and one router alone counts none (up to a request
+    whose completion reached this router just after the report that counted it, which
+    the next report evens out). Rates are exponentially weighted over ``horizon_s``;
+    fewer than ``min_per_period`` requests a period count as none, too few to herd with.
+    """
+
+    def __init__(self, horizon_s: float = 10.0, min_per_period: float = 1.0):
+        if horizon_s <= 0:
+            raise ValueError("horizon_s must be > 0")
+        self.horizon_s = horizon_s
+        self.min_per_period = min_per_period
+        self._last: dict[ReplicaId, tuple[float, int]] = {}   # reported_at, finished
+        self._own: dict[ReplicaId, list[float]] = {}          # own completions since
+        self._rates: dict[ReplicaId, float] = {}
+        self._period_s: float | None = None
+
+    def completed(self, replica_id: ReplicaId, now: float) -> None:
+        """A request this router sent ``replica_id`` completed there at ``now``."""
+        self._own.setdefault(replica_id, []).append(now)
+
+    def observe(self, replica_id: ReplicaId, finished: int | None,
+                reported_at: float | None) -> None:
+        """One replica's report: its finished-requests counter at ``reported_at``."""
+        if finished is None or reported_at is None:
+            return
+        last = self._last.get(replica_id)
+        if last is not None and reported_at <= last[0]:
+            return                  # the same report read again
+        own = self._own.get(replica_id, [])
+        own_since = sum(1 for at in own if at <= reported_at)
+        self._own[replica_id] = [at for at in own if at > reported_at]
+        self._last[replica_id] = (reported_at, finished)
+        if last is None or finished < last[1]:
+            return                  # first report, or a new engine's counter
+        elapsed = reported_at - last[0]
+        weight = 1.0 - math.exp(-elapsed / self.horizon_s)
+        rate = (finished - last[1] - own_since) / elapsed
+        self._rates[replica_id] = self._rates.get(replica_id, rate) * (1 - weight) \
+            + rate * weight
+        self._period_s = elapsed if self._period_s is None \
+            else self._period_s * (1 - weight) + elapsed * weight
+
+    def forget(self, replica_id: ReplicaId) -> None:
+        for held in (self._last, self._own, self._rates):
+            held.pop(replica_id, None)
+
+    def per_period(self) -> float:
+        """Requests the other routers are expected to send the pool in one report period."""
+        if self._period_s is None:
+            return 0.0
+        others = sum(self._rates.values()) * self._period_s
+        return others if others >= self.min_per_period else 0.0
 
 
 # ---------------------------------------------------------------------------------------
@@ -408,6 +530,7 @@ class PrefillPolicy:
     max_imbalance_tokens: int         # most extra queue an affinity replica may have
     index_capacity: int               # blocks remembered by the PrefixIndex
     stale_after_s: float              # a report older than this ranks its replica last
+    spread: bool = True               # draw the first choice when other routers send too
 
     @classmethod
     def from_config(cls, config: PrefillRoutingConfig, block_size: int) -> PrefillPolicy:
@@ -415,7 +538,8 @@ class PrefillPolicy:
         validated ``engine.block_size``: prefixes are hashed in the engines' blocks)."""
         return cls(block_size=block_size, max_blocks=config.max_blocks,
                    max_imbalance_tokens=config.max_imbalance_tokens,
-                   index_capacity=config.index_capacity, stale_after_s=config.stale_after_s)
+                   index_capacity=config.index_capacity, stale_after_s=config.stale_after_s,
+                   spread=config.spread)
 
 
 @dataclass(frozen=True)
@@ -430,6 +554,7 @@ def rank_prefill(
     loads: Sequence[ReplicaLoad],
     policy: PrefillPolicy,
     rng: random.Random | None = None,
+    others: float = 0.0,
 ) -> PrefillChoice:
     """Rank replicas by estimated prefill cost: queued tokens + tokens still to compute.
 
@@ -440,6 +565,12 @@ def rank_prefill(
     ``min(max_imbalance_tokens, its saving)``. Ties prefer the larger saving, then the
     shorter queue. Replicas with stale stats come last, and those with a dead engine after
     them (tried only when nothing else is left).
+
+    ``others``: the requests other routers send the pool per report period
+    (``OtherRouters``). When it is above 0, ``rng`` is given and the policy spreads, the
+    first choice is drawn
+    among the current replicas by their share of that many prompts like this one (and
+    this one) poured over their estimated costs, lowest first (``water_fill_shares``).
     """
     if not loads:
         return PrefillChoice((), 0)
@@ -460,6 +591,11 @@ def rank_prefill(
                 tie[load.replica_id])
 
     ranked = sorted(loads, key=key)
+    if policy.spread and others > 0 and rng is not None and prompt_tokens > 0:
+        in_draw = sum(1 for load in ranked if (load.dead, load.stale)
+                      == (ranked[0].dead, ranked[0].stale))
+        levels = {load.replica_id: key(load)[2] / prompt_tokens for load in ranked[:in_draw]}
+        ranked = _draw_first(ranked, in_draw, levels, others + 1, rng)
     return PrefillChoice(tuple(load.replica_id for load in ranked), saving(ranked[0]))
 
 
@@ -480,6 +616,7 @@ class DecodePolicy:
     block_size: int = 16              # the engines' KV block size (prefixes are hashed in it)
     max_blocks: int = 512             # leading blocks hashed per prompt (and answer)
     index_capacity: int = 100_000     # blocks remembered by the decode PrefixIndex
+    spread: bool = True               # draw the first choice when other routers send too
 
     @classmethod
     def from_config(cls, config: DecodeRoutingConfig, max_num_seqs: int,
@@ -490,7 +627,8 @@ class DecodePolicy:
         return cls(kv_weight=config.kv_weight, kv_high_water=config.kv_high_water,
                    default_max_num_seqs=max_num_seqs, stale_after_s=config.stale_after_s,
                    affinity_slots=config.prefix_affinity_slots, block_size=block_size,
-                   max_blocks=config.max_blocks, index_capacity=config.index_capacity)
+                   max_blocks=config.max_blocks, index_capacity=config.index_capacity,
+                   spread=config.spread)
 
 
 def decode_score(load: ReplicaLoad, policy: DecodePolicy) -> float:
@@ -517,7 +655,7 @@ def affinity_bonus(load: ReplicaLoad, matched_blocks: int, prompt_tokens: int,
 def rank_decode(
     loads: Sequence[ReplicaLoad], policy: DecodePolicy, rng: random.Random | None = None,
     matched_blocks: Mapping[ReplicaId, int] | None = None, prompt_tokens: int = 0,
-    pinned: ReplicaId | None = None,
+    pinned: ReplicaId | None = None, others: float = 0.0,
 ) -> tuple[ReplicaId, ...]:
     """Every candidate, least loaded first (less the prefix-affinity bonus of the blocks
     ``matched_blocks`` says a replica holds of this ``prompt_tokens`` prompt; a tie goes
@@ -526,7 +664,13 @@ def rank_decode(
 
     ``pinned``: the replica whose prefix cache made this request decode-local
     (router/disaggregation.py) comes first among the live, fresh, not full ones, whatever
-    its load: anywhere else the engine would prefill the whole prompt."""
+    its load: anywhere else the engine would prefill the whole prompt.
+
+    ``others``: the requests other routers send the pool per report period
+    (``OtherRouters``). When it is above 0, ``rng`` is given and the policy spreads, the
+    first choice (unless pinned) is drawn among the best tier by its share of that many
+    streams (and this one) poured over the replicas' scores less their bonus, lowest
+    first, each stream taking a sequence slot (``water_fill_shares``)."""
     tie = _tie_breaks(loads, rng)
     matched = matched_blocks or {}
 
@@ -536,4 +680,14 @@ def rank_decode(
         return (load.dead, load.stale, full, load.replica_id != pinned,
                 decode_score(load, policy) - bonus, -bonus, tie[load.replica_id])
 
-    return tuple(load.replica_id for load in sorted(loads, key=key))
+    keys = {load.replica_id: key(load) for load in loads}
+    ranked = sorted(loads, key=lambda load: keys[load.replica_id])
+    first = keys[ranked[0].replica_id][:4] if ranked else ()
+    if policy.spread and others > 0 and rng is not None and first and first[3]:  # unpinned
+        in_draw = sum(1 for load in ranked if keys[load.replica_id][:4] == first)
+        slots = {load.replica_id: load.max_num_seqs or policy.default_max_num_seqs
+                 for load in ranked[:in_draw]}
+        # keys[r][4]: the score less the affinity bonus
+        levels = {r: keys[r][4] for r in slots}
+        ranked = _draw_first(ranked, in_draw, levels, others + 1, rng, slots)
+    return tuple(load.replica_id for load in ranked)

@@ -50,10 +50,12 @@ from router.replica_choice import (
     ChainMemo,
     DecodeCacheBelief,
     DecodePolicy,
+    OtherRouters,
     PendingTally,
     PrefillPolicy,
     PrefixIndex,
     ReplicaLoad,
+    finished_of,
     load_from_stats,
     rank_decode,
     rank_prefill,
@@ -97,17 +99,22 @@ def replica_key(replica_id: ReplicaID) -> str:
 
 
 def replica_loads(
-    replicas: Sequence[RunningReplica], tally: PendingTally, now: float, stale_after_s: float
+    replicas: Sequence[RunningReplica], tally: PendingTally, now: float, stale_after_s: float,
+    others: OtherRouters | None = None,
 ) -> list[ReplicaLoad]:
     """Each replica's reported stats plus this router's pending sends to it.
 
-    Reading a report first clears the tally entries that report already includes.
+    Reading a report first clears the tally entries that report already includes, and
+    feeds ``others`` the replica's finished-requests counter.
     """
     loads = []
     for replica in replicas:
         key = replica_key(replica.replica_id)
         stats = replica.routing_stats
-        tally.observe_report(key, reported_at_of(stats))
+        reported_at = reported_at_of(stats)
+        tally.observe_report(key, reported_at)
+        if others is not None:
+            others.observe(key, finished_of(stats), reported_at)
         loads.append(load_from_stats(
             key, stats, now=now, stale_after_s=stale_after_s,
             pending_tokens=tally.tokens(key), pending_requests=tally.requests(key),
@@ -150,6 +157,8 @@ class _EngineRouter(RequestRouter):
         self._clock = clock
         self._rng = rng if rng is not None else random.Random()
         self._tally = PendingTally()
+        # how much the other router replicas (of other handles) send this pool
+        self._others = OtherRouters()
 
     async def choose_replicas(
         self,
@@ -168,8 +177,9 @@ class _EngineRouter(RequestRouter):
         if pending_request is not None and request is not None:
             # A retry of this request must not see its own earlier tentative entry.
             self._tally.discard(request_key(pending_request))
-        loads = replica_loads(candidate_replicas, self._tally, now, self.policy.stale_after_s)
-        ranking = self._rank(request, loads)
+        loads = replica_loads(candidate_replicas, self._tally, now, self.policy.stale_after_s,
+                              self._others)
+        ranking = self._rank(request, loads, self._others.per_period())
         if pending_request is not None and request is not None and ranking:
             # Counted at once on the first choice, so that concurrent routing of a burst
             # sees it; on_request_routed moves it if Serve falls back to another rank.
@@ -189,7 +199,9 @@ class _EngineRouter(RequestRouter):
         self._on_routed(request, key)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        self._tally.discard(internal_request_id, replica_key(replica_id))
+        key = replica_key(replica_id)
+        self._tally.discard(internal_request_id, key)
+        self._others.completed(key, self._clock())
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
@@ -209,8 +221,12 @@ class _EngineRouter(RequestRouter):
 
     def _forget(self, replica: str) -> None:
         self._tally.forget_replica(replica)
+        self._others.forget(replica)
 
-    def _rank(self, request: EngineRequest | None, loads: list[ReplicaLoad]) -> tuple[str, ...]:
+    def _rank(self, request: EngineRequest | None, loads: list[ReplicaLoad],
+              others: float) -> tuple[str, ...]:
+        """Every candidate, best first; ``others``: what the other routers send the pool
+        in a report period (``OtherRouters.per_period``)."""
         raise NotImplementedError
 
     def _pending_tokens(self, request: EngineRequest) -> int:
@@ -240,12 +256,14 @@ class PrefillRequestRouter(_EngineRouter):
         return self._chains.chain(request.prompt_token_ids, self.policy.block_size,
                                   self.policy.max_blocks)
 
-    def _rank(self, request: EngineRequest | None, loads: list[ReplicaLoad]) -> tuple[str, ...]:
+    def _rank(self, request: EngineRequest | None, loads: list[ReplicaLoad],
+              others: float) -> tuple[str, ...]:
         if request is None:
             return rank_prefill(0, {}, loads, self.policy, self._rng).ranking
         matched = self._index.match(self._hashes(request))
         prompt_tokens = len(request.prompt_token_ids)
-        return rank_prefill(prompt_tokens, matched, loads, self.policy, self._rng).ranking
+        return rank_prefill(prompt_tokens, matched, loads, self.policy, self._rng,
+                            others).ranking
 
     def _on_routed(self, request: EngineRequest, replica: str) -> None:
         self._index.record(self._hashes(request), replica)
@@ -281,14 +299,16 @@ class DecodeRequestRouter(_EngineRouter):
                 block_size, self.policy.max_blocks, self.policy.index_capacity))
         logger.info("decode router for %s: %s", self._deployment_id, self.policy)
 
-    def _rank(self, request: EngineRequest | None, loads: list[ReplicaLoad]) -> tuple[str, ...]:
+    def _rank(self, request: EngineRequest | None, loads: list[ReplicaLoad],
+              others: float) -> tuple[str, ...]:
         if request is None or not self._tracks_prefixes:
-            return rank_decode(loads, self.policy, self._rng)
+            return rank_decode(loads, self.policy, self._rng, others=others)
         matched = {}
         if self.policy.affinity_slots > 0:
             matched = self._belief.match(request.prompt_token_ids)
         return rank_decode(loads, self.policy, self._rng, matched,
-                           len(request.prompt_token_ids), pinned=request.decode_replica)
+                           len(request.prompt_token_ids), pinned=request.decode_replica,
+                           others=others)
 
     def _on_routed(self, request: EngineRequest, replica: str) -> None:
         if self._tracks_prefixes:

@@ -37,15 +37,17 @@ def main() -> None:
     prefill, decode = plan.prediction.prefill_replicas, plan.prediction.decode_replicas
     print(f"planned: {prefill} prefill and {decode} decode replicas; "
           f"{plan.inputs.routers_per_decode:.1f} router replicas per decode replica")
-    print("| report interval | router views | Serve's max_ongoing_requests | routers in the "
-          "slice | TTFT p50 / p95 / p99 (ms) | ITL p50 / p95 / p99 (ms) | busiest decode "
-          "replica, x its fair share |")
-    print("|---|---|---|---|---|---|---|")
+    print("| report interval | router views | first choice | Serve's max_ongoing_requests "
+          "| routers in the slice | TTFT p50 / p95 / p99 (ms) | ITL p50 / p95 / p99 (ms) | "
+          "busiest decode replica, x its fair share |")
+    print("|---|---|---|---|---|---|---|---|")
     unlimited = {pool: replace(getattr(plan.inputs, pool), max_ongoing=None)
                  for pool in ("prefill", "decode")}
     for interval in (float(value) for value in args.report_intervals.split(",")):
-        for shared, limited in ((True, True), (False, True), (False, False)):
-            inputs = replace(plan.inputs, report_interval_s=interval,
+        for shared, limited, spread in ((True, True, False), (False, True, False),
+                                        (False, False, False), (False, True, True),
+                                        (False, False, True)):
+            inputs = replace(plan.inputs, report_interval_s=interval, spread=spread,
                              shared_router_view=shared, **({} if limited else unlimited))
             result, simulated, window = run_slice(inputs, prefill, decode)
             seen = read(result, inputs, prefill, decode, simulated, window)
@@ -56,7 +58,7 @@ def main() -> None:
             limits = (f"{inputs.prefill.max_ongoing} / {inputs.decode.max_ongoing}"
                       if limited else "none")
             print(f"| {interval:g} s | {'one, shared' if shared else 'each its own'} | "
-                  f"{limits} | {routers} | "
+                  f"{'drawn (spread)' if spread else 'least loaded'} | {limits} | {routers} | "
                   + " / ".join(f"{seen.ttft_s[q] * 1000:.0f}" for q in ("p50", "p95", "p99"))
                   + " | " + " / ".join(f"{seen.itl_s[q] * 1000:.0f}" for q in
                                        ("p50", "p95", "p99"))

@@ -11,6 +11,9 @@ Keys:
 - ``running_seqs`` / ``waiting_seqs``: the scheduler's running and waiting requests.
 - ``kv_usage``: share of the KV cache in use, 0..1.
 - ``max_num_seqs``: the engine's sequence limit (when known), to make counts relative.
+- ``requests_finished``: requests the engine has finished since it started (a counter).
+  Routers derive the pool's request rate from it, and from that how much the other
+  router replicas send (``router.replica_choice.OtherRouters``).
 - ``engine_dead``: 1 when the replica's engine died (the actor lives on until Serve's
   health check replaces it); routers rank it last. Absent otherwise.
 - ``reported_at``: wall-clock time of the report (when given). Routers use it to drop
@@ -36,6 +39,7 @@ def routing_stats_from(
         "running_seqs": stats.num_running,
         "waiting_seqs": stats.num_waiting,
         "kv_usage": float(stats.kv_cache_usage),
+        "requests_finished": stats.requests_finished,
     }
     if max_num_seqs is not None:
         report["max_num_seqs"] = max_num_seqs

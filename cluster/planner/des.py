@@ -59,6 +59,7 @@ from router.disaggregation import PathChoice, choose_path_with_cache
 from router.replica_choice import (
     DecodeCacheBelief,
     DecodePolicy,
+    OtherRouters,
     PendingTally,
     PrefillPolicy,
     PrefixIndex,
@@ -243,6 +244,9 @@ class _RouterView:
     tally: PendingTally
     prefix_index: PrefixIndex
     belief: DecodeCacheBelief
+    # what the other routers send each pool, from the reports (one router: nothing)
+    others: dict = field(default_factory=lambda: {"prefill": OtherRouters(),
+                                                  "decode": OtherRouters()})
 
 
 @dataclass(eq=False)     # one sequence is itself only (and list.remove compares cheaply)
@@ -315,6 +319,7 @@ class _Engine:
     preemptions: int = 0
     busy_s: float = 0.0
     ongoing: int = 0                                  # requests its replica holds (Serve's)
+    served: int = 0                                   # requests its replica is done with
     cache: _PrefixCache = field(default_factory=_PrefixCache)
     block_size: int = 16
     # prompt tokens taken in, by where their KV came from (engine_work's sources)
@@ -418,6 +423,7 @@ class Simulation:
         self._last_change = 0.0
         self._snapshot: dict[str, ReplicaLoad] = {}
         self._snapshot_at = float("-inf")
+        self._served: dict[str, int] = {}
         self.reports: list[tuple[float, str, float, float, float]] = []
         self._last_arrival = max((r.arrival_s for r in self.requests
                                   if r.follows is None), default=0.0)
@@ -478,9 +484,12 @@ class Simulation:
                 running_seqs=len(e.running), waiting_seqs=len(e.waiting),
                 kv_usage=e.reserved / e.limits.kv_capacity_tokens,
                 max_num_seqs=e.limits.max_num_seqs) for e in self.prefill + self.decode}
+            self._served = {e.name: e.served for e in self.prefill + self.decode}
             self._record_reports()
+        others = view.others["prefill" if engines is self.prefill else "decode"]
         for engine in engines:      # as the router does on reading a report
             view.tally.observe_report(engine.name, self._snapshot_at)
+            others.observe(engine.name, self._served[engine.name], self._snapshot_at)
         return [self._with_pending(self._snapshot[e.name], view.tally) for e in engines]
 
     def _record_reports(self) -> None:
@@ -511,9 +520,10 @@ class Simulation:
         """The prefill router: its ranking, then its record of where the prefix went."""
         view = self._views[seq.router]
         chain = seq.chain[:self._prefill_policy.max_blocks]
-        ranking = rank_prefill(seq.prompt, view.prefix_index.match(chain),
-                               self._loads(self.prefill, view), self._prefill_policy,
-                               self.rng).ranking
+        loads = self._loads(self.prefill, view)
+        ranking = rank_prefill(seq.prompt, view.prefix_index.match(chain), loads,
+                               self._prefill_policy, self.rng,
+                               view.others["prefill"].per_period()).ranking
         engine = _first_with_room(ranking, self.prefill)
         engine.ongoing += 1             # its replica holds it until its prompt is computed
         view.prefix_index.record(chain, engine.name)
@@ -526,8 +536,10 @@ class Simulation:
         matched = {}
         if self._decode_policy.affinity_slots > 0:
             matched = view.belief.match_chain(seq.chain)
-        ranking = rank_decode(self._loads(self.decode, view), self._decode_policy, self.rng,
-                              matched, seq.prompt, pinned=pinned)
+        loads = self._loads(self.decode, view)
+        ranking = rank_decode(loads, self._decode_policy, self.rng, matched, seq.prompt,
+                              pinned=pinned,
+                              others=view.others["decode"].per_period())
         engine = _first_with_room(ranking, self.decode)
         engine.ongoing += 1             # its replica holds it from the pull to the answer
         if seq.chain:   # only a request with blocks to share is told back when it ends
@@ -617,6 +629,8 @@ class Simulation:
         """Its prefill replica is done with it; its decode replica is chosen, which pulls
         the blocks its cache lacks."""
         engine.ongoing -= 1
+        engine.served += 1
+        self._views[seq.router].others["prefill"].completed(engine.name, self.now)
         outcome = self.outcomes[seq.index]
         outcome.prefill_done_s = self.now - self.arrivals[seq.index]
         moved = _Seq(seq.index, seq.prompt, seq.output, computed=seq.prompt, chain=seq.chain,
@@ -705,6 +719,8 @@ class Simulation:
         the router's belief records them, and the conversation's next turn is due."""
         request = self.requests[seq.index]
         engine.ongoing -= 1
+        engine.served += 1
+        self._views[seq.router].others["decode"].completed(engine.name, self.now)
         self._released(seq.index)
         if seq.chain:
             whole = block_chain(request, seq.prompt + seq.output - 1, self.spec.block_size)

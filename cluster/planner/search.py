@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from cluster.bench.workload import WorkloadSpec
+from cluster.config import DecodeRoutingConfig, PrefillRoutingConfig
 from cluster.percentile import percentile
 from cluster.planner.cost_model import Roofline, Transfer
 from cluster.planner.des import (
@@ -70,6 +71,7 @@ class PlanInputs:
     routers: RouterTier | None = None
     routers_per_decode: float = 0.0
     shared_router_view: bool = False   # des.ClusterSpec's: routers that see each other
+    spread: bool = True                # router.routing.{prefill,decode}.spread
 
     def __post_init__(self) -> None:
         if not 0 <= self.response_cache_hit < 1 or not 0 <= self.prefix_hit < 1:
@@ -116,7 +118,9 @@ def cluster_spec(inputs: PlanInputs, prefill_replicas: int, decode_replicas: int
         decode_limits=replace(inputs.decode, kv_capacity_tokens=max(
             1, inputs.decode_cost.kv_capacity_tokens())),
         threshold_tokens=inputs.threshold_tokens, report_interval_s=inputs.report_interval_s,
-        shared_router_view=inputs.shared_router_view)
+        shared_router_view=inputs.shared_router_view,
+        prefill_routing=PrefillRoutingConfig(spread=inputs.spread),
+        decode_routing=DecodeRoutingConfig(spread=inputs.spread))
 
 
 def slice_of(prefill_replicas: int, decode_replicas: int, slice_replicas: int

@@ -486,3 +486,34 @@ def test_the_report_carries_the_counted_queue_and_no_time_unless_given():
     stats.queued_prefill_tokens = 1234    # kept by EngineHost.generate
     assert routing_stats_from(stats)["queued_prefill_tokens"] == 1234
     assert "reported_at" not in routing_stats_from(stats)
+
+
+def test_a_router_draws_its_first_choice_when_other_routers_send_to_the_pool_too():
+    """Two decode replicas report every second for ten seconds, each having finished 20
+    more requests, of which this router's own completions (Serve tells it of each) were
+    1 (others send the pool ~38 a period) or all 20 (it is alone). The router alone
+    always puts the less loaded replica first; among other routers it draws, so the
+    busier one comes first too, by its share of the period's requests."""
+    async def first_choices(own_per_second: int) -> set[str]:
+        clock = Clock(1000.0)
+        router = make_router(DecodeRequestRouter, clock, max_num_seqs=16)
+        a, b = FakeReplica("a"), FakeReplica("b")
+        for second in range(11):
+            clock.now = 1000.0 + second
+            for replica in (a, b):
+                for index in range(own_per_second if second else 0):
+                    router.on_request_completed(replica.replica_id, f"{second}-{index}")
+            a.routing_stats, b.routing_stats = (
+                {"running_seqs": running, "max_num_seqs": 16, "reported_at": clock.now,
+                 "requests_finished": 20 * second} for running in (2, 3))
+            await router.choose_replicas([a, b], None)    # reading the reports
+        seen = set()
+        for index in range(40):
+            ranks = await router.choose_replicas(
+                [a, b], pending(f"r{index}", engine_request(f"r{index}", (1, 2)), None))
+            seen.add(first_ids(ranks)[0])
+            router._tally.discard(f"r{index}")     # as if the report counted it
+        return seen
+
+    assert run(first_choices(own_per_second=20)) == {"a"}
+    assert run(first_choices(own_per_second=1)) == {"a", "b"}

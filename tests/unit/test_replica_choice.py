@@ -11,15 +11,18 @@ from router.replica_choice import (
     ChainMemo,
     DecodeCacheBelief,
     DecodePolicy,
+    OtherRouters,
     PendingTally,
     PrefillPolicy,
     PrefixIndex,
     ReplicaLoad,
     decode_score,
+    finished_of,
     load_from_stats,
     prefix_block_hashes,
     rank_decode,
     rank_prefill,
+    water_fill_shares,
 )
 
 tokens = st.lists(st.integers(0, 50_000), max_size=300)
@@ -491,3 +494,124 @@ def test_a_replica_with_a_dead_engine_ranks_last_in_both_pools_even_idle_and_fre
         "busy", "stale", "dead")
     assert rank_decode([dead, busy, stale], DECODE) == ("busy", "stale", "dead")
     assert rank_decode([dead], DECODE) == ("dead",)  # nothing else: still a candidate
+
+
+# -- many routers: the first choice drawn by each replica's water-fill share -------------
+
+
+def test_water_fill_pours_the_lowest_first_up_to_a_common_level():
+    assert water_fill_shares({"a": 0, "b": 1, "c": 5}, 1) == {"a": 1.0}
+    shares = water_fill_shares({"a": 0, "b": 1, "c": 5}, 3)     # level 2: a 2, b 1
+    assert shares == pytest.approx({"a": 2 / 3, "b": 1 / 3})
+    # a unit raises a replica of weight 2 by half as much: it takes twice the share
+    assert water_fill_shares({"a": 0, "b": 0}, 1, {"a": 2, "b": 1}) == pytest.approx(
+        {"a": 2 / 3, "b": 1 / 3})
+    with pytest.raises(ValueError):
+        water_fill_shares({"a": 0}, 0)
+
+
+@given(st.dictionaries(st.text("abcdef", min_size=1, max_size=2),
+                       st.floats(-5, 5, allow_nan=False), min_size=1, max_size=6),
+       st.floats(0.01, 100))
+def test_water_fill_shares_sum_to_one_and_favour_the_lower(levels, amount):
+    shares = water_fill_shares(levels, amount)
+    assert sum(shares.values()) == pytest.approx(1.0)
+    for low in shares:
+        for high in levels:
+            if levels[high] > levels[low]:
+                assert shares.get(high, 0.0) <= shares[low] + 1e-9
+
+
+def _first_choices(rank, draws: int = 4000) -> dict[str, float]:
+    """How often each replica came first in ``draws`` rankings by ``rank(rng)``."""
+    rng = random.Random(3)
+    counts: dict[str, int] = {}
+    for _ in range(draws):
+        first = rank(rng)[0]
+        counts[first] = counts.get(first, 0) + 1
+    return {replica: count / draws for replica, count in counts.items()}
+
+
+def test_with_other_routers_the_decode_first_choice_follows_the_water_fill():
+    """Slots in use 0, 4 and 8 of 16 (scores 0, 0.25, 0.5), 11 streams from the others and
+    this one: the level rises to 8 slots, so a takes 8 of 12 and b 4, c none."""
+    policy = DecodePolicy.from_config(DecodeRoutingConfig(), max_num_seqs=16)
+    loads = [ReplicaLoad("a", running_seqs=0), ReplicaLoad("b", running_seqs=4),
+             ReplicaLoad("c", running_seqs=8)]
+    seen = _first_choices(lambda rng: rank_decode(loads, policy, rng, others=11))
+    assert seen["a"] == pytest.approx(8 / 12, abs=0.03)
+    assert seen["b"] == pytest.approx(4 / 12, abs=0.03)
+    assert "c" not in seen
+    # every ranking still holds every replica; alone (others 0), or told not to spread,
+    # or without a random source, the router ranks least loaded first as before
+    assert sorted(rank_decode(loads, policy, random.Random(1), others=11)) == ["a", "b", "c"]
+    assert _first_choices(lambda rng: rank_decode(loads, policy, rng)) == {"a": 1.0}
+    lone = DecodePolicy.from_config(DecodeRoutingConfig(spread=False), max_num_seqs=16)
+    assert _first_choices(lambda rng: rank_decode(loads, lone, rng, others=11)) == {"a": 1.0}
+    assert rank_decode(loads, policy, others=11)[0] == "a"
+
+
+def test_the_draw_keeps_the_pinned_replica_first_and_skips_stale_dead_and_full_ones():
+    policy = DecodePolicy.from_config(DecodeRoutingConfig(), max_num_seqs=16)
+    loads = [ReplicaLoad("busy", running_seqs=12), ReplicaLoad("a", running_seqs=4),
+             ReplicaLoad("b", running_seqs=4), ReplicaLoad("stale", stale=True),
+             ReplicaLoad("dead", dead=True), ReplicaLoad("full", kv_usage=0.99)]
+    assert _first_choices(lambda rng: rank_decode(loads, policy, rng, pinned="busy",
+                                                  others=50)) == {"busy": 1.0}
+    seen = _first_choices(lambda rng: rank_decode(loads, policy, rng, others=50))
+    assert set(seen) == {"busy", "a", "b"}          # the live, fresh, not full tier only
+    assert seen["a"] == pytest.approx(seen["b"], abs=0.04) and seen["busy"] < seen["a"]
+
+
+def test_with_other_routers_the_prefill_first_choice_follows_the_water_fill():
+    """Queues of 0 and 200 tokens, 100-token prompts: costs of 1 and 3 prompts. One prompt
+    from the others and this one fill a up to b: all go to a. Seven and this one: the
+    level rises to 6, a takes 5 of the 8 and b 3; the stale replica none."""
+    loads = _loads({"a": 0, "b": 200, "stale": 0}, stale=frozenset({"stale"}))
+    seen = _first_choices(lambda rng: rank_prefill(100, {}, loads, POLICY, rng, 1).ranking)
+    assert seen == {"a": 1.0}
+    seen = _first_choices(lambda rng: rank_prefill(100, {}, loads, POLICY, rng, 7).ranking)
+    assert seen["a"] == pytest.approx(5 / 8, abs=0.03)
+    assert seen["b"] == pytest.approx(3 / 8, abs=0.03)
+    # the cached tokens are those of the replica drawn first (b holds 4 blocks)
+    choices = {(c.ranking[0], c.cached_tokens) for c in (
+        rank_prefill(100, {"b": 4}, loads, POLICY, random.Random(seed), 7)
+        for seed in range(40))}
+    assert choices == {("a", 0), ("b", 64)}
+
+
+def test_other_routers_are_what_a_replica_finished_less_this_routers_own_completions():
+    alone, shared = OtherRouters(), OtherRouters()
+    finished = 0
+    for second in range(1, 31):                    # one report a second
+        for _ in range(5):                         # 5 of this router's requests finish
+            alone.completed("r", second - 0.5)
+            shared.completed("r", second - 0.5)
+        finished += 5
+        alone.observe("r", finished, float(second))
+        shared.observe("r", finished + 20 * second, float(second))   # and 20 of others'
+        alone.observe("r", finished, float(second))                  # read again: no-op
+    assert alone.per_period() == 0.0
+    assert shared.per_period() == pytest.approx(20.0, rel=0.01)
+    # a completion that reached this router just after the report that counted it is
+    # evened out by the next report, and below one request a period counts as none
+    edge = OtherRouters()
+    for second in range(1, 11):
+        edge.completed("r", second + 0.01)
+        edge.observe("r", second, float(second))
+    assert edge.per_period() == 0.0
+    # a replaced engine's counter starts again: no negative rate from it
+    shared.observe("r", 3, 31.0)
+    shared.observe("r", 23, 32.0)
+    assert shared.per_period() == pytest.approx(20.0, rel=0.01)
+    shared.forget("r")
+    assert shared.per_period() == 0.0
+
+
+def test_a_routing_report_carries_the_finished_requests_counter():
+    from cluster.engine.routing_stats import routing_stats_from
+    from cluster.engine.stats import EngineStats
+
+    stats = EngineStats(role="decode", engine_id="d", requests_finished=7)
+    assert finished_of(routing_stats_from(stats, reported_at=1.0)) == 7
+    assert finished_of({"requests_finished": "7"}) is None and finished_of(None) is None
