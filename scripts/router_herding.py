@@ -1,15 +1,16 @@
 """What many router replicas that cannot see each other's sends cost a plan.
 
-Plans the reference scenario as ``pdserve plan --rate 5200`` does (with one view shared by
-all router replicas, its default), then simulates the planned cluster's slice with each
-router replica on its own view (the replicas' reports and only its own sends since them,
-as pdserve's routers route) and with the shared one, at each of
-``--report-intervals``, both with the base config's pools' ``max_ongoing_requests``
-(Serve turns a request away from a full replica). Prints a markdown table
-(docs/planning.md): TTFT and ITL p50 / p95 / p99 and the busiest decode replica's share
-of the slice's requests over its fair share.
+Plans the reference scenario as ``pdserve plan --rate 5200 --router-views shared`` does
+(one view shared by all router replicas: no herding), then simulates the planned
+cluster's slice with that shared view and with each router replica on its own view (the
+replicas' reports and only its own sends since them, as pdserve's routers route), at each
+of ``--report-intervals``: ranked least loaded first, with and without the base config's
+pools' ``max_ongoing_requests`` (Serve turns a request away from a full replica), and
+with the first choice drawn (``router.routing.*.spread``, the routers' default). Prints a
+markdown table (docs/planning.md): TTFT and ITL p50 / p95 / p99 and the busiest decode
+replica's share of the slice's requests over its fair share.
 
-    .venv/bin/python scripts/router_herding.py          # ~5 min on 2 cores
+    .venv/bin/python scripts/router_herding.py          # ~8 min on 2 cores
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def main() -> None:
     parser.add_argument("--report-intervals", default="1,0.25",
                         help="the replicas' load report periods to simulate, seconds")
     args = parser.parse_args()
-    _, plan, _ = plan_cli.plan_for_study(["--rate", args.rate])
+    _, plan, _ = plan_cli.plan_for_study(
+        ["--rate", args.rate, "--router-views", "shared"])
     prefill, decode = plan.prediction.prefill_replicas, plan.prediction.decode_replicas
     print(f"planned: {prefill} prefill and {decode} decode replicas; "
           f"{plan.inputs.routers_per_decode:.1f} router replicas per decode replica")

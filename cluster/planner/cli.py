@@ -115,12 +115,12 @@ def add_parser(commands) -> None:
     plan.add_argument("--no-admission", dest="admission", action="store_false",
                       help="admit every request at once, not through the base config's "
                       "router replicas and their admission budgets")
-    plan.add_argument("--router-views", choices=["shared", "each"], default="shared",
-                      help="each: every router replica routes on its own view (the "
-                      "replicas' reports and only its own sends since), as pdserve's "
-                      "routers do, and thousands of them herd (docs/planning.md, 'Many "
-                      "routers'); shared (default, until the routers' policy spreads "
-                      "such bursts): one view for all, as if each saw the others' sends")
+    plan.add_argument("--router-views", choices=["shared", "each"], default="each",
+                      help="each (default): every router replica routes on its own view "
+                      "(the replicas' reports and only its own sends since), as pdserve's "
+                      "routers do (docs/planning.md, 'Many routers'); shared: one view "
+                      "for all, as if each saw the others' sends, the bound one "
+                      "dispatcher would reach")
     plan.add_argument("--max-tokens", type=_positive, default=None,
                       help="the max_tokens each request asks for, which admission "
                       "reserves (default: the base config's router.default_max_tokens)")
