@@ -42,9 +42,9 @@ Nothing here reads a clock or a global random source: ``now`` and an optional
 
 from __future__ import annotations
 
-import math
 import random
-from collections import OrderedDict
+import statistics
+from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -456,16 +456,24 @@ def _draw_first(ranking: list[ReplicaLoad], in_draw: int, levels: Mapping[Replic
     return ranking   # rounding left the point past the last share: keep the best
 
 
+# Reports of a replica (less one) before OtherRouters counts it: two, so that a request
+# counted across a report's boundary is at most half a request a period.
+MIN_REPORT_GAPS = 2
+
+
 class OtherRouters:
     """How many requests the pool's other routers send it per report period (pure).
 
     Each replica's report carries its finished-requests counter. Between two reports of a
     replica, the requests it finished less those of this router's that completed there
     (Serve tells each router of its own) are the other routers' requests: no need to
-    know how many routers there are, and one router alone counts none (up to a request
-    whose completion reached this router just after the report that counted it, which
-    the next report evens out). Rates are exponentially weighted over ``horizon_s``;
-    fewer than ``min_per_period`` requests a period count as none, too few to herd with.
+    know how many routers there are, and one router alone counts none. Each replica's
+    count is kept over a window of ``horizon_s``, and nothing is estimated for a replica
+    until ``MIN_REPORT_GAPS`` gaps between its reports are in it: a request of this
+    router's that the engine had counted before a report but that completed here just
+    after it counts as another's for a report (the next one evens it out), which over
+    the window is a fraction of a request a period, and below ``min_per_period`` counts
+    as none.
     """
 
     def __init__(self, horizon_s: float = 10.0, min_per_period: float = 1.0):
@@ -475,8 +483,8 @@ class OtherRouters:
         self.min_per_period = min_per_period
         self._last: dict[ReplicaId, tuple[float, int]] = {}   # reported_at, finished
         self._own: dict[ReplicaId, list[float]] = {}          # own completions since
-        self._rates: dict[ReplicaId, float] = {}
-        self._period_s: float | None = None
+        # per replica, (reported_at, the others' requests it finished so far) by report
+        self._counts: dict[ReplicaId, deque[tuple[float, int]]] = {}
 
     def completed(self, replica_id: ReplicaId, now: float) -> None:
         """A request this router sent ``replica_id`` completed there at ``now``."""
@@ -494,25 +502,34 @@ class OtherRouters:
         own_since = sum(1 for at in own if at <= reported_at)
         self._own[replica_id] = [at for at in own if at > reported_at]
         self._last[replica_id] = (reported_at, finished)
-        if last is None or finished < last[1]:
-            return                  # first report, or a new engine's counter
-        elapsed = reported_at - last[0]
-        weight = 1.0 - math.exp(-elapsed / self.horizon_s)
-        rate = (finished - last[1] - own_since) / elapsed
-        self._rates[replica_id] = self._rates.get(replica_id, rate) * (1 - weight) \
-            + rate * weight
-        self._period_s = elapsed if self._period_s is None \
-            else self._period_s * (1 - weight) + elapsed * weight
+        counts = self._counts.get(replica_id)
+        if counts is None or last is None or finished < last[1]:
+            # first report, or a new engine's counter: count from here
+            self._counts[replica_id] = deque([(reported_at, 0)])
+            return
+        counts.append((reported_at, counts[-1][1] + finished - last[1] - own_since))
+        while len(counts) > 2 and counts[1][0] <= reported_at - self.horizon_s:
+            counts.popleft()
 
     def forget(self, replica_id: ReplicaId) -> None:
-        for held in (self._last, self._own, self._rates):
+        for held in (self._last, self._own, self._counts):
             held.pop(replica_id, None)
 
+    def estimate(self) -> float:
+        """Requests the other routers sent the pool per report period, as measured: near 0
+        for a router alone (what ``GET /admin/stats`` shows as ``other_routers_per_period``)."""
+        rate, periods = 0.0, []
+        for counts in self._counts.values():
+            span = counts[-1][0] - counts[0][0]
+            if len(counts) > MIN_REPORT_GAPS:
+                rate += (counts[-1][1] - counts[0][1]) / span
+                periods.append(span / (len(counts) - 1))
+        return rate * statistics.fmean(periods) if periods else 0.0
+
     def per_period(self) -> float:
-        """Requests the other routers are expected to send the pool in one report period."""
-        if self._period_s is None:
-            return 0.0
-        others = sum(self._rates.values()) * self._period_s
+        """Requests the other routers are expected to send the pool in one report period
+        (the estimate; below ``min_per_period``, none)."""
+        others = self.estimate()
         return others if others >= self.min_per_period else 0.0
 
 

@@ -180,6 +180,7 @@ class _EngineRouter(RequestRouter):
         loads = replica_loads(candidate_replicas, self._tally, now, self.policy.stale_after_s,
                               self._others)
         ranking = self._rank(request, loads, self._others.per_period())
+        pool_view.record_others(self._deployment_id.name, self._others.estimate())
         if pending_request is not None and request is not None and ranking:
             # Counted at once on the first choice, so that concurrent routing of a burst
             # sees it; on_request_routed moves it if Serve falls back to another rank.

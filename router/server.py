@@ -51,7 +51,7 @@ from router.failures import error_response, failure_response, vllm_error_respons
 from router.flow import DisaggregatedFlow, prepend
 from router.lifecycle import RequestLifecycle
 from router.limits import check_body, check_declared_size, check_received_size
-from router.pool_view import known_replicas
+from router.pool_view import known_replicas, other_routers
 from router.protocol import refuse_not_honoured
 from router.response_cache import cache_store
 from router.retry import RetryPolicy
@@ -145,6 +145,10 @@ def _error_status(result: Any) -> int | None:
     return int(error.code) if error is not None and hasattr(error, "code") else None
 
 
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
+
+
 def _this_actor() -> tuple[str, str] | None:
     """This replica's Ray actor as (namespace, name); None outside a named actor.
 
@@ -235,15 +239,20 @@ class Router:
     async def stats(self, request: Request, version: str | None = None) -> JSONResponse:
         """Engine statistics of one version's pools (default: the primary version), each
         with how many of the pool's replicas this router replica routes to
-        (``routed_replicas``: Serve's running ones; null before its first request there)."""
+        (``routed_replicas``: Serve's running ones; null before its first request there)
+        and how many requests a load-report period it measures the other router replicas
+        send the pool (``other_routers_per_period``: about 0 for a router alone; from one
+        up, it draws its first choice: docs/design.md, "Replica choice")."""
         self._authorize_admin(request)
         name = version or self._config.model.version
         chosen = self._versions.get(name)
         if chosen is None:
             raise bad_request(f"unknown version {version!r}", "version")
         stats = await chosen.client.flow.pool_stats()
-        return JSONResponse({pool: {**stats[pool], "routed_replicas": known_replicas(
-            deployment)} for pool, deployment in self._deployments[name].items()})
+        return JSONResponse({pool: {
+            **stats[pool], "routed_replicas": known_replicas(deployment),
+            "other_routers_per_period": _rounded(other_routers(deployment))}
+            for pool, deployment in self._deployments[name].items()})
 
     @app.get("/admin/rollout")
     async def rollout(self, request: Request) -> JSONResponse:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import pytest
 
+from router.replica_routers import ROUTING_STATS_PERIOD_S
 from tests.integration.conftest import CONFIG, MODEL, wait_until_idle
 from tests.integration.openai_http import ADMIN, generate
 
@@ -163,3 +165,24 @@ def test_a_decode_engine_pulls_only_what_its_prefix_cache_lacks(pdserve):
     assert second["decode"]["kv_bytes_transferred"] < first["decode"]["kv_bytes_transferred"] / 2
     # and on the prefill engine, which computed only the suffix
     assert second["prefill"]["prompt_tokens_cached"] >= (shared_blocks - 1) * block
+
+
+def test_a_lone_router_measures_no_other_routers_sending_to_the_pools(pdserve):
+    """Each pool's request router counts what the replicas finished less its own
+    completions (router.replica_choice.OtherRouters): the other router replicas' share,
+    from which it would draw its first choice. This cluster has one router replica, so
+    while both pools finish several requests a load-report period, it measures none; a
+    router that missed its own completions would count every request as another's."""
+    before = wait_until_idle(pdserve)
+    prompt = "a longer prompt " * 20             # past the threshold: both pools
+    started, sent = time.monotonic(), 0
+    # at least four load reports (one a second) with requests finishing between them
+    while sent < 20 or time.monotonic() - started < 4 * ROUTING_STATS_PERIOD_S:
+        assert generate(pdserve, "completion", MODEL, prompt, stream=False,
+                        max_tokens=4).status == 200
+        sent += 1
+    after = wait_until_idle(pdserve)
+    for pool in ("prefill", "decode"):
+        assert after[pool]["requests_finished"] - before[pool]["requests_finished"] == sent
+        assert after[pool]["other_routers_per_period"] is not None
+        assert after[pool]["other_routers_per_period"] < 0.5, after[pool]

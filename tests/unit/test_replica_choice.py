@@ -600,12 +600,15 @@ def test_other_routers_are_what_a_replica_finished_less_this_routers_own_complet
         edge.completed("r", second + 0.01)
         edge.observe("r", second, float(second))
     assert edge.per_period() == 0.0
-    # a replaced engine's counter starts again: no negative rate from it
-    shared.observe("r", 3, 31.0)
-    shared.observe("r", 23, 32.0)
+    # a replaced engine's counter starts again: no negative rate from it, and nothing
+    # estimated until two gaps between its reports are in the window
+    for second in range(31, 41):
+        shared.observe("r", 3 + 20 * (second - 31), float(second))
+        if second == 32:
+            assert shared.per_period() == 0.0
     assert shared.per_period() == pytest.approx(20.0, rel=0.01)
     shared.forget("r")
-    assert shared.per_period() == 0.0
+    assert shared.per_period() == 0.0 and shared.estimate() == 0.0
 
 
 def test_a_routing_report_carries_the_finished_requests_counter():
