@@ -37,7 +37,8 @@ independently from those shares fill the pool as one dispatcher would; one route
 (no others) keeps the deterministic ranking.
 
 Nothing here reads a clock or a global random source: ``now`` and an optional
-``random.Random`` (for tie-breaks) are passed in, so a decision replays exactly in a test.
+``random.Random`` (for tie-breaks and the draw) are passed in, so a decision replays
+exactly in a test.
 """
 
 from __future__ import annotations
@@ -520,8 +521,8 @@ class OtherRouters:
         for a router alone (what ``GET /admin/stats`` shows as ``other_routers_per_period``)."""
         rate, periods = 0.0, []
         for counts in self._counts.values():
-            span = counts[-1][0] - counts[0][0]
             if len(counts) > MIN_REPORT_GAPS:
+                span = counts[-1][0] - counts[0][0]
                 rate += (counts[-1][1] - counts[0][1]) / span
                 periods.append(span / (len(counts) - 1))
         return rate * statistics.fmean(periods) if periods else 0.0
@@ -585,9 +586,9 @@ def rank_prefill(
 
     ``others``: the requests other routers send the pool per report period
     (``OtherRouters``). When it is above 0, ``rng`` is given and the policy spreads, the
-    first choice is drawn
-    among the current replicas by their share of that many prompts like this one (and
-    this one) poured over their estimated costs, lowest first (``water_fill_shares``).
+    first choice is drawn among the current replicas by their share of that many prompts
+    like this one (and this one) poured over their estimated costs, lowest first
+    (``water_fill_shares``).
     """
     if not loads:
         return PrefillChoice((), 0)

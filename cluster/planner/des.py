@@ -5,7 +5,9 @@ Requests arrive at a router replica, which admits them by pdserve's own
 take the path pdserve's own policy gives them
 (``router.disaggregation.choose_path``), are placed by the router's own rankings
 (``rank_prefill``, ``rank_decode``) on load snapshots that are ``report_interval_s`` old
-at most, as the replicas' reports are, and run on engines that schedule like vLLM v1:
+at most, as the replicas' reports are (each router replica with its own sends since and
+its own ``OtherRouters``, from which it draws its first choice, unless
+``shared_router_view``), and run on engines that schedule like vLLM v1:
 
 - a step computes at most ``max_num_batched_tokens`` tokens: one for every running
   sequence first, then prompt chunks in arrival order (chunked prefill);
