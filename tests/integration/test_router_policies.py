@@ -174,10 +174,11 @@ def test_a_lone_router_measures_no_other_routers_sending_to_the_pools(pdserve):
     while both pools finish several requests a load-report period, it measures none; a
     router that missed its own completions would count every request as another's."""
     before = wait_until_idle(pdserve)
-    prompt = "a longer prompt " * 20             # past the threshold: both pools
     started, sent = time.monotonic(), 0
-    # at least four load reports (one a second) with requests finishing between them
+    # at least four load reports (one a second) with requests finishing between them;
+    # each prompt past the threshold and unlike the others (none cached): both pools
     while sent < 20 or time.monotonic() - started < 4 * ROUTING_STATS_PERIOD_S:
+        prompt = f"Lone router, request {sent}: " + "a longer prompt " * 20
         assert generate(pdserve, "completion", MODEL, prompt, stream=False,
                         max_tokens=4).status == 200
         sent += 1
