@@ -11,6 +11,8 @@ markdown table (docs/planning.md): TTFT and ITL p50 / p95 / p99 and the busiest 
 replica's share of the slice's requests over its fair share.
 
     .venv/bin/python scripts/router_herding.py          # ~8 min on 2 cores
+    .venv/bin/python scripts/router_herding.py --report-intervals 1 \
+        --prefill-max-ongoing 32,16,8,4,2                # the prefill pool's Serve limit
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ def main() -> None:
     parser.add_argument("--rate", default="5200")
     parser.add_argument("--report-intervals", default="1,0.25",
                         help="the replicas' load report periods to simulate, seconds")
+    parser.add_argument("--prefill-max-ongoing", default="",
+                        help="then, at the first report interval with each router on its "
+                        "own view and drawing, the prefill pool's max_ongoing_requests at "
+                        "each of these values (comma-separated)")
     args = parser.parse_args()
     _, plan, _ = plan_cli.plan_for_study(
         ["--rate", args.rate, "--router-views", "shared"])
@@ -45,26 +51,37 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     unlimited = {pool: replace(getattr(plan.inputs, pool), max_ongoing=None)
                  for pool in ("prefill", "decode")}
-    for interval in (float(value) for value in args.report_intervals.split(",")):
+    intervals = [float(value) for value in args.report_intervals.split(",")]
+    for interval in intervals:
         for shared, limited, spread in ((True, True, False), (False, True, False),
                                         (False, False, False), (False, True, True),
                                         (False, False, True)):
-            inputs = replace(plan.inputs, report_interval_s=interval, spread=spread,
-                             shared_router_view=shared, **({} if limited else unlimited))
-            result, simulated, window = run_slice(inputs, prefill, decode)
-            seen = read(result, inputs, prefill, decode, simulated, window)
-            routers = max(1, round(inputs.routers_per_decode * simulated[1]))
-            answered = Counter(o.decode_replica for _, o in arrived_in(result, window)
-                               if o.decode_replica is not None)
-            busiest = max(answered.values()) * simulated[1] / sum(answered.values())
-            limits = (f"{inputs.prefill.max_ongoing} / {inputs.decode.max_ongoing}"
-                      if limited else "none")
-            print(f"| {interval:g} s | {'one, shared' if shared else 'each its own'} | "
-                  f"{'drawn (spread)' if spread else 'least loaded'} | {limits} | {routers} | "
-                  + " / ".join(f"{seen.ttft_s[q] * 1000:.0f}" for q in ("p50", "p95", "p99"))
-                  + " | " + " / ".join(f"{seen.itl_s[q] * 1000:.0f}" for q in
-                                       ("p50", "p95", "p99"))
-                  + f" | {busiest:.2f} |", flush=True)
+            _row(replace(plan.inputs, report_interval_s=interval, spread=spread,
+                         shared_router_view=shared, **({} if limited else unlimited)),
+                 prefill, decode, limited)
+    for value in filter(None, args.prefill_max_ongoing.split(",")):
+        _row(replace(plan.inputs, report_interval_s=intervals[0], spread=True,
+                     shared_router_view=False,
+                     prefill=replace(plan.inputs.prefill, max_ongoing=int(value))),
+             prefill, decode, True)
+
+
+def _row(inputs, prefill: int, decode: int, limited: bool) -> None:
+    """Simulate the planned cluster's slice under ``inputs`` and print its table row."""
+    result, simulated, window = run_slice(inputs, prefill, decode)
+    seen = read(result, inputs, prefill, decode, simulated, window)
+    routers = max(1, round(inputs.routers_per_decode * simulated[1]))
+    answered = Counter(o.decode_replica for _, o in arrived_in(result, window)
+                       if o.decode_replica is not None)
+    busiest = max(answered.values()) * simulated[1] / sum(answered.values())
+    limits = (f"{inputs.prefill.max_ongoing} / {inputs.decode.max_ongoing}"
+              if limited else "none")
+    print(f"| {inputs.report_interval_s:g} s | "
+          f"{'one, shared' if inputs.shared_router_view else 'each its own'} | "
+          f"{'drawn (spread)' if inputs.spread else 'least loaded'} | {limits} | {routers} | "
+          + " / ".join(f"{seen.ttft_s[q] * 1000:.0f}" for q in ("p50", "p95", "p99"))
+          + " | " + " / ".join(f"{seen.itl_s[q] * 1000:.0f}" for q in ("p50", "p95", "p99"))
+          + f" | {busiest:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
