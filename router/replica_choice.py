@@ -530,8 +530,11 @@ class OtherRouters:
     def per_period(self) -> float:
         """Requests the other routers are expected to send the pool in one report period
         (the estimate; below ``min_per_period``, none)."""
-        others = self.estimate()
-        return others if others >= self.min_per_period else 0.0
+        return self.counted(self.estimate())
+
+    def counted(self, estimate: float) -> float:
+        """What of an ``estimate`` the draw counts: below ``min_per_period``, none."""
+        return estimate if estimate >= self.min_per_period else 0.0
 
 
 # ---------------------------------------------------------------------------------------

@@ -100,7 +100,7 @@ def replica_key(replica_id: ReplicaID) -> str:
 
 def replica_loads(
     replicas: Sequence[RunningReplica], tally: PendingTally, now: float, stale_after_s: float,
-    others: OtherRouters | None = None,
+    others: OtherRouters,
 ) -> list[ReplicaLoad]:
     """Each replica's reported stats plus this router's pending sends to it.
 
@@ -113,8 +113,7 @@ def replica_loads(
         stats = replica.routing_stats
         reported_at = reported_at_of(stats)
         tally.observe_report(key, reported_at)
-        if others is not None:
-            others.observe(key, finished_of(stats), reported_at)
+        others.observe(key, finished_of(stats), reported_at)
         loads.append(load_from_stats(
             key, stats, now=now, stale_after_s=stale_after_s,
             pending_tokens=tally.tokens(key), pending_requests=tally.requests(key),
@@ -179,8 +178,9 @@ class _EngineRouter(RequestRouter):
             self._tally.discard(request_key(pending_request))
         loads = replica_loads(candidate_replicas, self._tally, now, self.policy.stale_after_s,
                               self._others)
-        ranking = self._rank(request, loads, self._others.per_period())
-        pool_view.record_others(self._deployment_id.name, self._others.estimate())
+        measured = self._others.estimate()     # a pass over the replicas: once a call
+        pool_view.record_others(self._deployment_id.name, measured)
+        ranking = self._rank(request, loads, self._others.counted(measured))
         if pending_request is not None and request is not None and ranking:
             # Counted at once on the first choice, so that concurrent routing of a burst
             # sees it; on_request_routed moves it if Serve falls back to another rank.
