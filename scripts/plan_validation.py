@@ -13,6 +13,13 @@
    per second when they are two loads or more (cluster/planner/serving_cost.py); every
    run is then replayed, and the others are predicted.
 
+``--held-out-set`` serves a second cluster after the first (another threshold, say; the
+same engines, so the same calibration) and runs ``--held-out-rates`` on it; its runs are
+predicted with the serving layer fitted on the first cluster's:
+
+    .venv/bin/python scripts/plan_validation.py --rates 1,1.5,2 --fit-rates 1,1.5 \
+        --held-out-set router.disaggregation_threshold_tokens=256 --held-out-rates 1.5,2
+
 ``--set`` changes the served config (``bench variants``' syntax: ``a.b=1,c=2``) and
 ``--workload-args`` adds ``pdserve bench run`` workload flags: conversations and shared
 heads, whose prefix-cache work the replay predicts beside the engines' counters (with
@@ -60,6 +67,11 @@ def main() -> None:
     parser.add_argument("--set", default="", help="overrides of --config, a.b=1,c=2")
     parser.add_argument("--workload-args", default="",
                         help="more `pdserve bench run` workload flags, quoted")
+    parser.add_argument("--held-out-set", default="",
+                        help="overrides of the served config for a second cluster, whose "
+                        "runs are all held out, a.b=1,c=2")
+    parser.add_argument("--held-out-rates", default=None,
+                        help="the second cluster's rates (default --rates)")
     args = parser.parse_args()
     rates = [float(rate) for rate in args.rates.split(",")]
     fit_rates = ([float(rate) for rate in args.fit_rates.split(",")] if args.fit_rates
@@ -67,20 +79,50 @@ def main() -> None:
     if rates[:len(fit_rates)] != fit_rates:
         parser.error("--fit-rates must be the first rates of --rates")
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.set:
-        document = apply_overrides(yaml.safe_load(args.config.read_text()),
-                                   parse_variant(f"served:{args.set}").overrides)
-        args.config = args.out / "config.yaml"
-        args.config.write_text(yaml.safe_dump(document, sort_keys=False))
+    args.config = served_config(args.config, args.set, args.out / "config.yaml")
     config = load_config(args.config)
     ensure_checkpoints(config)
     calibration = args.calibration or args.out / "calibration.json"
     if args.calibration is None:
         pdserve("plan", "calibrate", "--config", str(args.config), "--out", str(calibration))
+    reuse = serve_and_run(args, args.config, args.rates, "")
+    traces = [args.out / f"repeat{repeat}" / f"run-reference-{rate}.json"
+              for rate in rates for repeat in range(1, args.repeats + 1)]
+    held_out = []
+    if args.held_out_set:
+        held_out_config = served_config(args.config, args.held_out_set,
+                                        args.out / "held-out-config.yaml")
+        held_out_rates = args.held_out_rates or args.rates
+        serve_and_run(args, held_out_config, held_out_rates, "held-out-")
+        traces += [args.out / f"held-out-repeat{repeat}" / f"run-reference-{float(rate)}.json"
+                   for rate in held_out_rates.split(",")
+                   for repeat in range(1, args.repeats + 1)]
+        held_out = ["--held-out-config", str(held_out_config)]
+    pdserve("plan", "replay", "--config", str(args.config), "--calibration",
+            str(calibration), "--out", str(args.out), *reuse, *held_out,
+            "--fit-runs", str(len(fit_rates) * args.repeats),
+            *[part for trace in traces for part in ("--trace", str(trace))])
+
+
+def served_config(config: Path, overrides: str, out: Path) -> Path:
+    """``config`` with ``overrides`` (a.b=1,c=2) applied, written to ``out``; ``config``
+    itself without any."""
+    if not overrides:
+        return config
+    document = apply_overrides(yaml.safe_load(config.read_text()),
+                               parse_variant(f"served:{overrides}").overrides)
+    out.write_text(yaml.safe_dump(document, sort_keys=False))
+    return out
+
+
+def serve_and_run(args, config_path: Path, rates: str, prefix: str) -> list[str]:
+    """Serve ``config_path``, warm it up, and record ``pdserve bench run`` at ``rates``,
+    ``--repeats`` times, into ``{prefix}repeat{N}/``; the replay's ``--answer-reuse``
+    flags (measured here when the workload has turns)."""
+    config = load_config(config_path)
     base_url = f"http://{config.router.host}:{config.router.port}"
-    server = processes.start_pdserve(args.config, config, args.out / "logs", REPO)
-    first_rate = args.rates.split(",")[0]
-    bench_run = ("bench", "run", "--config", str(args.config), "--base-url", base_url,
+    server = processes.start_pdserve(config_path, config, args.out / f"{prefix}logs", REPO)
+    bench_run = ("bench", "run", "--config", str(config_path), "--base-url", base_url,
                  "--model", config.model.name, "--workload", "reference",
                  "--num-requests", str(args.num_requests), "--seed", "0",
                  "--tokenizer", str(config.model.path), "--no-progress",
@@ -89,24 +131,18 @@ def main() -> None:
     # finds an earlier one's prompts in the engines' prefix caches, as the simulation,
     # which starts each replay cold, does not.
     with processes.running(server):
-        pdserve(*bench_run, "--rate", first_rate, "--prompt-salt", "warm-up",
-                "--out", str(args.out / "warm-up"))
+        pdserve(*bench_run, "--rate", rates.split(",")[0], "--prompt-salt",
+                f"{prefix}warm-up", "--out", str(args.out / f"{prefix}warm-up"))
         for repeat in range(1, args.repeats + 1):
-            pdserve(*bench_run, "--rates", args.rates, "--prompt-salt", f"repeat{repeat}",
-                    "--out", str(args.out / f"repeat{repeat}"))
-        reuse = []
-        if "--turns" in args.workload_args:   # how much of an answer the next turn repeats
-            subprocess.run([sys.executable, "scripts/answer_reuse.py", "--base-url",
-                            base_url, "--model", config.model.name, "--tokenizer",
-                            str(config.model.path), "--out",
-                            str(args.out / "answer-reuse.json")], check=True, cwd=REPO)
-            reuse = ["--answer-reuse", str(args.out / "answer-reuse.json")]
-    traces = [args.out / f"repeat{repeat}" / f"run-reference-{rate}.json"
-              for rate in rates for repeat in range(1, args.repeats + 1)]
-    pdserve("plan", "replay", "--config", str(args.config), "--calibration",
-            str(calibration), "--out", str(args.out), *reuse,
-            "--fit-runs", str(len(fit_rates) * args.repeats),
-            *[part for trace in traces for part in ("--trace", str(trace))])
+            pdserve(*bench_run, "--rates", rates, "--prompt-salt", f"{prefix}repeat{repeat}",
+                    "--out", str(args.out / f"{prefix}repeat{repeat}"))
+        if "--turns" not in args.workload_args or prefix:
+            return []
+        # how much of an answer the next turn repeats
+        subprocess.run([sys.executable, "scripts/answer_reuse.py", "--base-url", base_url,
+                        "--model", config.model.name, "--tokenizer", str(config.model.path),
+                        "--out", str(args.out / "answer-reuse.json")], check=True, cwd=REPO)
+        return ["--answer-reuse", str(args.out / "answer-reuse.json")]
 
 
 if __name__ == "__main__":

@@ -42,6 +42,10 @@ def add_parser(commands) -> None:
                       help="replay: how many of the first --trace runs fit the serving "
                       "layer's cost (runs at two or more loads fit its growth with load; "
                       "one load, constants)")
+    plan.add_argument("--held-out-config", type=Path, default=None,
+                      help="replay: the served pdserve config of the runs after the first "
+                      "--fit-runs, when they ran another cluster than --config (another "
+                      "threshold or replica count; the same engines)")
     plan.add_argument("--prompt-lengths", default=None,
                       help="calibrate: prompt lengths swept (default 16,...,8192)")
     plan.add_argument("--decode-batches", default=None,
@@ -354,7 +358,7 @@ def _measured_transfer(args, config) -> tuple:
 
 def _replay(args) -> int:
     from cluster.config import load_config
-    from cluster.planner.replay import Served, fit_serving, measured, simulate, trace_requests
+    from cluster.planner.replay import fit_serving, measured, simulate, trace_requests
 
     if args.calibration is None or not args.trace:
         print("pdserve plan replay: needs --calibration and at least one --trace",
@@ -364,18 +368,14 @@ def _replay(args) -> int:
         print(f"pdserve plan replay: --fit-runs {args.fit_runs} is more than the "
               f"{len(args.trace)} --trace runs", file=sys.stderr)
         return 2
-    config = load_config(args.config)
     calibration = json.loads(args.calibration.read_text())
-    served = Served(config.prefill.replicas, config.decode.replicas,
-                    config.router.disaggregation_threshold_tokens, calibration["prefill"],
-                    calibration["decode"], args.transfer_ms / 1000,
-                    *_measured_transfer(args, config), block_size=config.engine.block_size,
-                    routing={"prefill": config.router.routing.prefill,
-                             "decode": config.router.routing.decode})
+    fitted = _served(args, load_config(args.config), calibration)
+    held_out = (fitted if args.held_out_config is None else
+                _served(args, load_config(args.held_out_config), calibration))
     runs = [json.loads(path.read_text()) for path in args.trace]
     traces = [run["records"] for run in runs]
     shared = [run.get("workload", {}).get("shared_prefix_tokens", 0) for run in runs]
-    cost = fit_serving(served, list(zip(traces, shared, strict=True))[:args.fit_runs],
+    cost = fit_serving(fitted, list(zip(traces, shared, strict=True))[:args.fit_runs],
                        args.answer_reuse)
     _print_serving_cost(cost, args.trace[:args.fit_runs])
     print("| trace | | TTFT p50 | TTFT p95 | decode p50 | E2E p50 | tokens/s |\n"
@@ -385,6 +385,7 @@ def _replay(args) -> int:
                                                            strict=True)):
         name = f"{path.parent.name}/{path.name}"
         truth = measured(records)
+        served = fitted if index < args.fit_runs else held_out
         seen = simulate(served, trace_requests(records, head, args.answer_reuse), cost)
         works.append((name, run.get("engine_work"), seen.prompt_tokens))
         for label, values in (("measured", truth), ("simulated", seen)):
@@ -397,6 +398,8 @@ def _replay(args) -> int:
         print(f"| {name} | error | " + " | ".join(f"{e:+.0%}" for e in errors.values())
               + " | |")
         rows.append({"trace": str(path), "fitted_on": index < args.fit_runs,
+                     "config": str(args.config if served is fitted or args.held_out_config
+                                   is None else args.held_out_config),
                      "measured": truth.__dict__, "simulated": seen.__dict__,
                      "error": errors, "engine_work": run.get("engine_work")})
     _print_prompt_tokens(works)
@@ -409,6 +412,18 @@ def _replay(args) -> int:
         replay_plot(args.out / "replay.png", rows)
         print(f"wrote {args.out / 'replay.json'} and {args.out / 'replay.png'}")
     return 0
+
+
+def _served(args, config, calibration):
+    """The replay's view of the cluster ``config`` served, with ``calibration``'s engines."""
+    from cluster.planner.replay import Served
+
+    return Served(config.prefill.replicas, config.decode.replicas,
+                  config.router.disaggregation_threshold_tokens, calibration["prefill"],
+                  calibration["decode"], args.transfer_ms / 1000,
+                  *_measured_transfer(args, config), block_size=config.engine.block_size,
+                  routing={"prefill": config.router.routing.prefill,
+                           "decode": config.router.routing.decode})
 
 
 def _print_serving_cost(cost, fitted_on) -> None:

@@ -194,6 +194,20 @@ def test_calibrate_times_both_pools_engines_and_replay_uses_the_fit(tmp_path, ca
     with_link = json.loads((tmp_path / "measured" / "replay.json").read_text())
     assert with_link["serving_cost"]["ttft_s"] == pytest.approx(
         replayed["serving_cost"]["ttft_s"] - 0.020, abs=0.004)
+    # A held-out run of another cluster (every one of these prompts under its threshold)
+    # is simulated on that cluster's path, with the serving layer fitted on the first's
+    local = tmp_path / "local.yaml"
+    local.write_text(TEST_CONFIG.read_text().replace(
+        "disaggregation_threshold_tokens: 48", "disaggregation_threshold_tokens: 1000"))
+    assert main(["plan", "replay", "--config", str(TEST_CONFIG), "--calibration",
+                 str(calibration), "--trace", str(trace), "--trace", str(trace),
+                 "--held-out-config", str(local), "--out", str(tmp_path / "local")]) == 0
+    fit, held_out = json.loads((tmp_path / "local" / "replay.json").read_text())["runs"]
+    prompt_tokens = sum(record["prompt_tokens"] for record in records)
+    assert fit["simulated"]["prompt_tokens"]["prefill"]["computed"] == prompt_tokens
+    assert held_out["simulated"]["prompt_tokens"]["prefill"]["computed"] == 0
+    assert held_out["simulated"]["prompt_tokens"]["decode"]["computed"] == prompt_tokens
+    assert (fit["config"], held_out["config"]) == (str(TEST_CONFIG), str(local))
     # more runs to fit on than runs given is an error, not a fit on fewer
     assert main(["plan", "replay", "--config", str(TEST_CONFIG), "--calibration",
                  str(calibration), "--trace", str(trace), "--fit-runs", "2"]) == 2
