@@ -94,10 +94,10 @@ def main() -> None:
                                         args.out / "held-out-config.yaml")
         held_out_rates = args.held_out_rates or args.rates
         serve_and_run(args, held_out_config, held_out_rates, "held-out-")
-        traces += [args.out / f"held-out-repeat{repeat}" / f"run-reference-{float(rate)}.json"
-                   for rate in held_out_rates.split(",")
-                   for repeat in range(1, args.repeats + 1)]
-        held_out = ["--held-out-config", str(held_out_config)]
+        held_out = ["--held-out-config", str(held_out_config), *[
+            part for rate in held_out_rates.split(",") for repeat in range(1, args.repeats + 1)
+            for part in ("--held-out-trace", str(args.out / f"held-out-repeat{repeat}"
+                                                 / f"run-reference-{float(rate)}.json"))]]
     pdserve("plan", "replay", "--config", str(args.config), "--calibration",
             str(calibration), "--out", str(args.out), *reuse, *held_out,
             "--fit-runs", str(len(fit_rates) * args.repeats),

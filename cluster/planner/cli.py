@@ -42,10 +42,14 @@ def add_parser(commands) -> None:
                       help="replay: how many of the first --trace runs fit the serving "
                       "layer's cost (runs at two or more loads fit its growth with load; "
                       "one load, constants)")
+    plan.add_argument("--held-out-trace", type=Path, action="append", default=[],
+                      help="replay: a `pdserve bench run` JSON file of a run on "
+                      "--held-out-config's cluster (repeatable): predicted after the "
+                      "--trace runs, with the serving layer fitted on those")
     plan.add_argument("--held-out-config", type=Path, default=None,
-                      help="replay: the served pdserve config of the runs after the first "
-                      "--fit-runs, when they ran another cluster than --config (another "
-                      "threshold or replica count; the same engines)")
+                      help="replay: the served pdserve config of the --held-out-trace "
+                      "runs: another cluster than --config (another threshold or replica "
+                      "count), with the same engines")
     plan.add_argument("--prompt-lengths", default=None,
                       help="calibrate: prompt lengths swept (default 16,...,8192)")
     plan.add_argument("--decode-batches", default=None,
@@ -368,25 +372,32 @@ def _replay(args) -> int:
         print(f"pdserve plan replay: --fit-runs {args.fit_runs} is more than the "
               f"{len(args.trace)} --trace runs", file=sys.stderr)
         return 2
+    if bool(args.held_out_trace) != (args.held_out_config is not None):
+        print("pdserve plan replay: --held-out-trace and --held-out-config go together",
+              file=sys.stderr)
+        return 2
     calibration = json.loads(args.calibration.read_text())
-    fitted = _served(args, load_config(args.config), calibration)
-    held_out = (fitted if args.held_out_config is None else
-                _served(args, load_config(args.held_out_config), calibration))
-    runs = [json.loads(path.read_text()) for path in args.trace]
+    configs = [args.config] * len(args.trace) + [args.held_out_config] * len(
+        args.held_out_trace)
+    served_by_config = {path: _served(args, load_config(path), calibration)
+                        for path in set(configs)}
+    paths = [*args.trace, *args.held_out_trace]
+    runs = [json.loads(path.read_text()) for path in paths]
     traces = [run["records"] for run in runs]
     shared = [run.get("workload", {}).get("shared_prefix_tokens", 0) for run in runs]
-    cost = fit_serving(fitted, list(zip(traces, shared, strict=True))[:args.fit_runs],
+    cost = fit_serving(served_by_config[args.config],
+                       list(zip(traces, shared, strict=True))[:args.fit_runs],
                        args.answer_reuse)
     _print_serving_cost(cost, args.trace[:args.fit_runs])
     print("| trace | | TTFT p50 | TTFT p95 | decode p50 | E2E p50 | tokens/s |\n"
           "|---|---|---|---|---|---|---|")
     rows, works = [], []
-    for index, (path, records, run, head) in enumerate(zip(args.trace, traces, runs, shared,
-                                                           strict=True)):
+    for index, (path, config, records, run, head) in enumerate(zip(
+            paths, configs, traces, runs, shared, strict=True)):
         name = f"{path.parent.name}/{path.name}"
         truth = measured(records)
-        served = fitted if index < args.fit_runs else held_out
-        seen = simulate(served, trace_requests(records, head, args.answer_reuse), cost)
+        seen = simulate(served_by_config[config],
+                        trace_requests(records, head, args.answer_reuse), cost)
         works.append((name, run.get("engine_work"), seen.prompt_tokens))
         for label, values in (("measured", truth), ("simulated", seen)):
             print(f"| {name} | {label} | " + " | ".join(
@@ -398,8 +409,7 @@ def _replay(args) -> int:
         print(f"| {name} | error | " + " | ".join(f"{e:+.0%}" for e in errors.values())
               + " | |")
         rows.append({"trace": str(path), "fitted_on": index < args.fit_runs,
-                     "config": str(args.config if served is fitted or args.held_out_config
-                                   is None else args.held_out_config),
+                     "config": str(config),
                      "measured": truth.__dict__, "simulated": seen.__dict__,
                      "error": errors, "engine_work": run.get("engine_work")})
     _print_prompt_tokens(works)

@@ -201,13 +201,23 @@ def test_calibrate_times_both_pools_engines_and_replay_uses_the_fit(tmp_path, ca
         "disaggregation_threshold_tokens: 48", "disaggregation_threshold_tokens: 1000"))
     assert main(["plan", "replay", "--config", str(TEST_CONFIG), "--calibration",
                  str(calibration), "--trace", str(trace), "--trace", str(trace),
-                 "--held-out-config", str(local), "--out", str(tmp_path / "local")]) == 0
-    fit, held_out = json.loads((tmp_path / "local" / "replay.json").read_text())["runs"]
+                 "--held-out-config", str(local), "--held-out-trace", str(trace),
+                 "--out", str(tmp_path / "local")]) == 0
+    fit, predicted, held_out = json.loads(
+        (tmp_path / "local" / "replay.json").read_text())["runs"]
     prompt_tokens = sum(record["prompt_tokens"] for record in records)
-    assert fit["simulated"]["prompt_tokens"]["prefill"]["computed"] == prompt_tokens
+    for run in (fit, predicted):      # --config's cluster, fitted on or not
+        assert run["simulated"]["prompt_tokens"]["prefill"]["computed"] == prompt_tokens
+        assert run["config"] == str(TEST_CONFIG)
+    assert (fit["fitted_on"], predicted["fitted_on"], held_out["fitted_on"]) == (
+        True, False, False)
     assert held_out["simulated"]["prompt_tokens"]["prefill"]["computed"] == 0
     assert held_out["simulated"]["prompt_tokens"]["decode"]["computed"] == prompt_tokens
-    assert (fit["config"], held_out["config"]) == (str(TEST_CONFIG), str(local))
+    assert held_out["config"] == str(local)
+    assert main(["plan", "replay", "--config", str(TEST_CONFIG), "--calibration",
+                 str(calibration), "--trace", str(trace), "--held-out-trace",
+                 str(trace)]) == 2
+    assert "--held-out-trace and --held-out-config go together" in capsys.readouterr().err
     # more runs to fit on than runs given is an error, not a fit on fewer
     assert main(["plan", "replay", "--config", str(TEST_CONFIG), "--calibration",
                  str(calibration), "--trace", str(trace), "--fit-runs", "2"]) == 2
