@@ -105,11 +105,35 @@ def add_parser(commands) -> None:
                       help="share of prompt tokens in the engines' prefix caches")
     plan.add_argument("--response-cache-hit", type=float, default=0.0,
                       help="share of requests the router's response cache answers")
+    plan.add_argument("--spec-tokens", type=int, default=0,
+                      help="speculative decoding on the decode pool: draft tokens verified "
+                      "a step (decode.speculative.num_speculative_tokens; 0: off)")
+    plan.add_argument("--spec-accepted", type=_share, default=None,
+                      help="with --spec-tokens: accepted over drafted tokens, as the decode "
+                      "pool measures it (/admin/stats spec_accepted_tokens / "
+                      "spec_draft_tokens)")
+    plan.add_argument("--spec-drafting", type=_drafting_share, default=None,
+                      help="with --spec-tokens: the share of a sequence's decode steps that "
+                      "draft (prompt lookup drafts only on a match): spec_draft_tokens / "
+                      "(K x (generation_tokens - spec_accepted_tokens)) of /admin/stats; "
+                      "default 1, every step")
+    plan.add_argument("--spec-counts", type=_numbers, default=None,
+                      help="with --spec-tokens, instead of --spec-accepted and "
+                      "--spec-drafting: the decode pool's counters DRAFTED,ACCEPTED,"
+                      "GENERATED (/admin/stats spec_draft_tokens, spec_accepted_tokens, "
+                      "generation_tokens)")
     plan.add_argument("--lever-table", action="store_true",
                       help="also plan with each lever alone (fp8, --table-prefix-hit, "
-                      "--table-response-cache-hit) and print what each saves")
+                      "--table-response-cache-hit, speculation at each of "
+                      "--table-spec-accepted) and print what each saves")
     plan.add_argument("--table-prefix-hit", type=float, default=0.3)
     plan.add_argument("--table-response-cache-hit", type=float, default=0.15)
+    plan.add_argument("--table-spec-tokens", type=_positive, default=4)
+    plan.add_argument("--table-spec-accepted", type=_shares, default=(0.14, 0.5),
+                      help="accepted over drafted tokens, each a row (0.14: prompt lookup "
+                      "on the trained tiny model, docs/cost.md)")
+    plan.add_argument("--table-spec-drafting", type=_drafting_share, default=1.0,
+                      help="the share of steps that draft, in those rows")
     plan.add_argument("--mfu", type=float, default=0.5)
     plan.add_argument("--mbu", type=float, default=0.8)
     plan.add_argument("--step-overhead-ms", type=float, default=3.0)
@@ -228,6 +252,27 @@ def _shift_minutes(text: str) -> int:
     return minutes
 
 
+def _share(text: str) -> float:
+    """A share in [0, 1) (argparse refuses anything else with this message)."""
+    share = float(text)
+    if not 0 <= share < 1:
+        raise argparse.ArgumentTypeError(f"wants a share in [0, 1), not {text}")
+    return share
+
+
+def _drafting_share(text: str) -> float:
+    """A share in (0, 1] (argparse refuses anything else with this message)."""
+    share = float(text)
+    if not 0 < share <= 1:
+        raise argparse.ArgumentTypeError(f"wants a share in (0, 1], not {text}")
+    return share
+
+
+def _shares(text: str) -> tuple[float, ...]:
+    """``"0.14,0.5"`` as shares in [0, 1)."""
+    return tuple(_share(part) for part in text.split(","))
+
+
 def _numbers(text: str) -> tuple[int, ...]:
     """``"0,256,1024"`` as integers."""
     return tuple(int(part) for part in text.split(","))
@@ -282,7 +327,33 @@ def inputs_from(args):
         prefix_hit=args.prefix_hit, response_cache_hit=args.response_cache_hit,
         answer_reuse=args.answer_reuse, routers=routers,
         routers_per_decode=routers_per_decode,
-        shared_router_view=args.router_views == "shared")
+        shared_router_view=args.router_views == "shared", speculation=_speculation(args))
+
+
+def _speculation(args):
+    """The decode pool's speculation of ``--spec-tokens`` and ``--spec-accepted`` (None
+    without them)."""
+    from cluster.planner.speculation import from_accepted_share, from_counts
+
+    if args.spec_tokens < 0:
+        raise ValueError(f"--spec-tokens wants 0 (off) or more, not {args.spec_tokens}")
+    given = [name for name, value in (("--spec-accepted", args.spec_accepted),
+                                      ("--spec-drafting", args.spec_drafting),
+                                      ("--spec-counts", args.spec_counts)) if value is not None]
+    if not args.spec_tokens:
+        if given:
+            raise ValueError(f"{' and '.join(given)} "
+                             f"{'needs' if len(given) == 1 else 'need'} --spec-tokens")
+        return None
+    if args.spec_counts is not None:
+        if len(given) > 1 or len(args.spec_counts) != 3:
+            raise ValueError("--spec-counts wants DRAFTED,ACCEPTED,GENERATED, alone")
+        return from_counts(args.spec_tokens, *args.spec_counts)
+    if args.spec_accepted is None:
+        raise ValueError("--spec-tokens needs --spec-accepted: the decode pool's accepted "
+                         "over drafted tokens, measured (/admin/stats) or assumed")
+    return from_accepted_share(args.spec_tokens, args.spec_accepted,
+                               1.0 if args.spec_drafting is None else args.spec_drafting)
 
 
 def _base_config(args):
@@ -486,7 +557,8 @@ def _size(args) -> int:
     import yaml
 
     from cluster.planner.output import day_figures, day_table, figures, lever_table, table
-    from cluster.planner.search import lever_variants, search
+    from cluster.planner.search import lever_variants
+    from cluster.planner.speculation import from_accepted_share
 
     started = time.monotonic()
     try:
@@ -496,8 +568,11 @@ def _size(args) -> int:
         levers = {}
         if args.lever_table:
             variants = lever_variants(inputs, args.table_prefix_hit,
-                                      args.table_response_cache_hit)
-            levers = {name: plan if variant == inputs else search(variant)
+                                      args.table_response_cache_hit, [
+                                          from_accepted_share(args.table_spec_tokens, share,
+                                                              args.table_spec_drafting)
+                                          for share in args.table_spec_accepted])
+            levers = {name: plan if variant == inputs else _lever_plan(variant)
                       for name, variant in variants.items()}
         document, days = _document_and_day(args, plan)
     except (ValueError, RuntimeError) as error:
@@ -517,6 +592,7 @@ def _size(args) -> int:
     if levers:
         print("\n" + lever_table(levers))
         answer["levers"] = {name: figures(lever, args.peak_to_mean)
+                            if not isinstance(lever, str) else {"none": lever}
                             for name, lever in levers.items()}
     print(f"\n{answer['candidates_simulated']} clusters simulated for the plan; "
           f"{answer['search_s']:.0f} s in all")
@@ -533,6 +609,17 @@ def _size(args) -> int:
             written.append(args.out / "day.png")
         print("wrote " + ", ".join(map(str, written)))
     return 0
+
+
+def _lever_plan(inputs):
+    """The plan of a lever's ``inputs``, or why there is none (a lever can make the SLOs
+    unreachable: verifying drafts slows every decode step)."""
+    from cluster.planner.search import search
+
+    try:
+        return search(inputs)
+    except RuntimeError as error:
+        return str(error).split(";")[0]
 
 
 def _document_and_day(args, plan):

@@ -26,7 +26,10 @@ A disaggregated request is prefilled on a prefill replica, its KV moves to a dec
 replica (``Transfer``; only the blocks that replica's cache lacks), and its first token
 comes from that replica's first step with it. A decode-local one is prefilled by its
 decode engine, inside its steps. TTFT is the end of the step that made the first token;
-each later token's gap is its step's time.
+each later token's gap is its step's time. A speculating decode engine (``speculation``,
+cluster/planner/speculation.py) also verifies each sequence's drafts in the step, at
+their compute and KV cost; the drafts it accepts leave with the step's token, gaps of 0,
+as a client sees a chunk of several tokens.
 
 Prompts are not token lists here but chains of KV-block ids (``block_chain``): two
 requests share a block exactly when they share the whole prefix up to it (a system
@@ -56,6 +59,7 @@ from dataclasses import dataclass, field, replace
 from cluster.bench.engine_work import PROMPT_SOURCES
 from cluster.config import DecodeRoutingConfig, PrefillRoutingConfig
 from cluster.planner.model import prefill_pairs
+from cluster.planner.speculation import Speculation
 from router.admission import AdmissionController, AdmissionPolicy
 from router.disaggregation import PathChoice, choose_path_with_cache
 from router.replica_choice import (
@@ -192,6 +196,8 @@ class ClusterSpec:
     # True: every router replica routes on one view (its tally, prefix index and cache
     # belief shared), as if each saw the others' sends: no herding, an optimistic bound
     shared_router_view: bool = False
+    # the decode pool's speculative decoding (decode.speculative; None: off)
+    speculation: Speculation | None = None
 
 
 @dataclass
@@ -263,6 +269,7 @@ class _Seq:
     resumed: int = 0           # tokens it had generated when last preempted (recomputed)
     last_token_s: float = 0.0
     router: int = 0            # the router replica that routes it (its _RouterView)
+    drafts: int = 0            # tokens its step in flight verifies beside its own
     # Tokens whose KV it computes before it decodes: its prompt, and after a preemption
     # its answer so far too (a field, not a property: read for every sequence every step)
     target: int = field(init=False)
@@ -324,6 +331,8 @@ class _Engine:
     served: int = 0                                   # requests its replica is done with
     cache: _PrefixCache = field(default_factory=_PrefixCache)
     block_size: int = 16
+    speculation: Speculation | None = None    # a speculating decode engine's
+    draft_rng: random.Random | None = None     # whether each step drafts
     # prompt tokens taken in, by where their KV came from (engine_work's sources)
     prompt_tokens: dict = field(default_factory=lambda: dict.fromkeys(PROMPT_SOURCES, 0))
 
@@ -364,10 +373,11 @@ class _Engine:
         """Preempt the latest admitted sequences until the next step's new KV fits (one
         token for each decoding sequence); one sequence alone is never preempted."""
         capacity = self.limits.kv_capacity_tokens
-        if self.reserved + len(self.running) <= capacity:    # the common case, at once
+        per_seq = 1 + (self.speculation.draft_tokens if self.speculation else 0)   # slots
+        if self.reserved + per_seq * len(self.running) <= capacity:   # the common case
             return
         while len(self.running) > 1 and self.reserved + sum(
-                1 for s in self.running if s.computed >= s.target) > capacity:
+                per_seq for s in self.running if s.computed >= s.target) > capacity:
             victim = self.running.pop()
             self.reserved -= victim.held
             self.cache.keep(victim.chain)
@@ -376,13 +386,16 @@ class _Engine:
             self.preemptions += 1
 
     def plan_step(self, decoding: bool) -> tuple[list, list, int, float, int]:
-        """(sequences decoding, (seq, chunk) prefilling, new tokens, pairs, context)."""
+        """(sequences decoding, (seq, chunk) prefilling, new tokens, pairs, context). A
+        decoding sequence computes its next token and, speculating, the drafts proposed
+        after its last one (none before its first)."""
         budget = self.limits.max_num_batched_tokens
         decoders = [s for s in self.running if s.computed >= s.target] if decoding else []
-        budget -= len(decoders)
-        chunks = []
         context = sum(s.prompt + s.generated for s in decoders)
-        pairs = float(context)
+        drafts, draft_pairs = self._draft(decoders) if self.speculation else (0, 0)
+        budget -= len(decoders) + drafts
+        chunks = []
+        pairs = float(context + draft_pairs)
         for seq in self.running:
             if budget <= 0:
                 break
@@ -392,8 +405,19 @@ class _Engine:
                 pairs += prefill_pairs(chunk, seq.computed)
                 context += seq.computed
                 budget -= chunk
-        new = len(decoders) + sum(chunk for _, chunk in chunks)
+        new = len(decoders) + drafts + sum(chunk for _, chunk in chunks)
         return decoders, chunks, new, pairs, context
+
+    def _draft(self, decoders: list) -> tuple[int, int]:
+        """Which decoding sequences verify drafts in the next step (none before its first
+        token: drafts are proposed after a token), and (the drafts, their attention
+        pairs: each draft attends over its sequence's context, as its token does)."""
+        drafts = pairs = 0
+        for seq in decoders:
+            seq.drafts = self.speculation.drafts(self.draft_rng) if seq.generated else 0
+            drafts += seq.drafts
+            pairs += seq.drafts * (seq.prompt + seq.generated)
+        return drafts, pairs
 
 
 class Simulation:
@@ -410,8 +434,10 @@ class Simulation:
         self.prefill = [_Engine(f"p{i}", spec.prefill_limits, spec.prefill_step,
                                 block_size=spec.block_size)
                         for i in range(spec.prefill_replicas)]
+        self._draft_rng = random.Random(len(self.requests) + 1)   # speculation's draws
         self.decode = [_Engine(f"d{i}", spec.decode_limits, spec.decode_step,
-                               block_size=spec.block_size)
+                               block_size=spec.block_size, speculation=spec.speculation,
+                               draft_rng=self._draft_rng)
                        for i in range(spec.decode_replicas)]
         self.arrivals = [r.arrival_s for r in self.requests]
         self._followers: dict[int, list[int]] = {}
@@ -674,6 +700,7 @@ class Simulation:
     def _stepped(self, engine: _Engine, decoding: bool, decoders: list, chunks: list,
                  took: float) -> None:
         engine.busy = False
+        verified = len(decoders)       # decoding before the step (the rest: prompts ended)
         done, resumed = [], []
         for seq, chunk in chunks:
             seq.computed += chunk
@@ -688,10 +715,18 @@ class Simulation:
         # a preempted sequence's next token comes after its wait and its recompute
         self.gaps.extend((now, now - seq.last_token_s, 1) for seq in resumed)
         later = 0                      # tokens after a sequence's first: each a gap
-        for seq in decoders + resumed:
+        together = 0                   # accepted drafts: out with the step's token, no gap
+        gained = 0
+        for position, seq in enumerate(decoders + resumed):
             if seq.generated:
                 later += 1
-            seq.generated += 1
+            tokens = 1
+            if position < verified and seq.drafts:
+                tokens = min(self.spec.speculation.gained(self._draft_rng),
+                             seq.output - seq.generated)
+                together += tokens - 1
+            gained += tokens
+            seq.generated += tokens
             seq.last_token_s = now
             if seq.generated == 1:
                 self.outcomes[seq.index].ttft_s = now - self.arrivals[seq.index]
@@ -703,7 +738,9 @@ class Simulation:
         later -= len(resumed)          # theirs are above
         if later:
             self.gaps.append((now, took, later))
-        engine.reserved += len(decoders) + len(resumed)
+        if together:
+            self.gaps.append((now, 0.0, together))
+        engine.reserved += gained
         for seq in done:
             engine.running.remove(seq)
             engine.reserved -= seq.held

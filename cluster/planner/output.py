@@ -94,6 +94,9 @@ def config_document(plan: Plan, base: dict[str, Any],
         inputs.decode.max_num_seqs
     if inputs.decode_cost.kv_dtype == "fp8":
         document["engine"]["kv_cache_dtype"] = "fp8"
+    if inputs.speculation is not None:
+        document["decode"]["speculative"] = {
+            "method": "ngram", "num_speculative_tokens": inputs.speculation.draft_tokens}
     document.setdefault("router", {})["disaggregation_threshold_tokens"] = \
         inputs.threshold_tokens
     if inputs.routers is not None:
@@ -132,16 +135,21 @@ def _scaled_floor(base_min: int, base_replicas: int | None, replicas: int) -> in
                                                              / base_replicas)))
 
 
-def lever_table(plans: dict[str, Plan]) -> str:
-    """Each lever's plan beside the first (the plan as given): GPUs, cost, and the TTFT."""
+def lever_table(plans: dict[str, Plan | str]) -> str:
+    """Each lever's plan beside the first (the plan as given): GPUs, cost, the TTFT and
+    the ITL (a lever may cost GPUs: saved is then negative), or why it has none."""
     base = next(iter(plans.values()))
-    lines = ["| lever | prefill + decode GPUs | $/hour at peak | GPUs saved | TTFT p95 |",
-             "|---|---|---|---|---|"]
+    lines = ["| lever | prefill + decode GPUs | $/hour at peak | GPUs saved | TTFT p95 | "
+             "ITL p95 |", "|---|---|---|---|---|---|"]
     for name, plan in plans.items():
+        if isinstance(plan, str):
+            lines.append(f"| {name} | {plan} | | | | |")
+            continue
         prefill, decode = plan.gpus
         saved = 1 - (prefill + decode) / sum(base.gpus)
         lines.append(f"| {name} | {prefill} + {decode} | {plan.dollars_per_hour():,.0f} | "
-                     f"{saved:.0%} | {plan.prediction.ttft_s['p95'] * 1000:.0f} ms |")
+                     f"{saved:.0%} | {plan.prediction.ttft_s['p95'] * 1000:.0f} ms | "
+                     f"{plan.prediction.itl_s['p95'] * 1000:.1f} ms |")
     return "\n".join(lines)
 
 

@@ -29,6 +29,7 @@ from cluster.planner.des import (
     Simulation,
 )
 from cluster.planner.model import prefill_pairs
+from cluster.planner.speculation import Speculation
 from cluster.planner.workload import diurnal_shape, mean_lengths, requests
 
 # Simulated seconds read for nothing: the slice starts empty, and its first requests
@@ -72,6 +73,7 @@ class PlanInputs:
     routers_per_decode: float = 0.0
     shared_router_view: bool = False   # des.ClusterSpec's: routers that see each other
     spread: bool = True                # router.routing.{prefill,decode}.spread
+    speculation: Speculation | None = None   # the decode pool's (decode.speculative)
 
     def __post_init__(self) -> None:
         if not 0 <= self.response_cache_hit < 1 or not 0 <= self.prefix_hit < 1:
@@ -120,7 +122,8 @@ def cluster_spec(inputs: PlanInputs, prefill_replicas: int, decode_replicas: int
         threshold_tokens=inputs.threshold_tokens, report_interval_s=inputs.report_interval_s,
         shared_router_view=inputs.shared_router_view,
         prefill_routing=PrefillRoutingConfig(spread=inputs.spread),
-        decode_routing=DecodeRoutingConfig(spread=inputs.spread))
+        decode_routing=DecodeRoutingConfig(spread=inputs.spread),
+        speculation=inputs.speculation)
 
 
 def slice_of(prefill_replicas: int, decode_replicas: int, slice_replicas: int
@@ -235,8 +238,8 @@ def bracket(inputs: PlanInputs) -> tuple[int, int]:
     prefill = math.ceil(rate * computed / (budget / step))
     context = mean_prompt + mean_output / 2
     batch = best_decode_batch(inputs, context)
-    step = inputs.decode_cost.step_time(batch, batch * context, int(batch * context))
-    decode = math.ceil(rate * mean_output / (batch / step))
+    step, gained = decode_step(inputs, batch, context)
+    decode = math.ceil(rate * mean_output / (gained / step))
     return max(1, prefill), max(1, decode)
 
 
@@ -247,11 +250,21 @@ def best_decode_batch(inputs: PlanInputs, context: float) -> int:
                 int(inputs.decode_cost.kv_capacity_tokens() // max(1.0, context)))
     best = 1
     for batch in range(1, max(1, limit) + 1):
-        if inputs.decode_cost.step_time(batch, batch * context, int(batch * context)) \
-                > inputs.slo.itl_p95_s:
+        if decode_step(inputs, batch, context)[0] > inputs.slo.itl_p95_s:
             break
         best = batch
     return best
+
+
+def decode_step(inputs: PlanInputs, batch: int, context: float) -> tuple[float, float]:
+    """A decode step of ``batch`` sequences of ``context`` tokens each, on average: its
+    seconds, and the tokens it gains them (``batch``; more when speculating, for a step
+    that also verifies the drafts of the sequences that drafted)."""
+    speculation = inputs.speculation
+    per_seq = 1 + (speculation.drafts_per_step if speculation else 0)
+    step = inputs.decode_cost.step_time(round(batch * per_seq), batch * context * per_seq,
+                                        int(batch * context))
+    return step, batch * (speculation.tokens_per_step if speculation else 1)
 
 
 @dataclass(frozen=True)
@@ -331,10 +344,11 @@ def search(inputs: PlanInputs, growth: float = 1.08, max_steps: int = 40) -> Pla
     return Plan(inputs, best, tuple(tried))
 
 
-def lever_variants(inputs: PlanInputs, prefix_hit: float, response_cache_hit: float
-                   ) -> dict[str, PlanInputs]:
+def lever_variants(inputs: PlanInputs, prefix_hit: float, response_cache_hit: float,
+                   speculations: Sequence[Speculation] = ()) -> dict[str, PlanInputs]:
     """``inputs`` as given, and with each cost lever added alone: fp8 weights and KV cache
-    on both pools, a prefix-cache hit rate, a response-cache hit rate."""
+    on both pools, a prefix-cache hit rate, a response-cache hit rate, and speculative
+    decoding on the decode pool at each of ``speculations``."""
     def fp8(cost: Roofline) -> Roofline:
         return replace(cost, compute_dtype="fp8", kv_dtype="fp8")
 
@@ -346,7 +360,17 @@ def lever_variants(inputs: PlanInputs, prefix_hit: float, response_cache_hit: fl
                                                                     prefix_hit=prefix_hit),
         f"response cache {response_cache_hit:.0%} of requests": replace(
             inputs, response_cache_hit=response_cache_hit),
+        **{speculation_name(speculation): replace(inputs, speculation=speculation)
+           for speculation in speculations},
     }
+
+
+def speculation_name(speculation: Speculation) -> str:
+    """A lever table's row name for ``speculation``."""
+    drafting = ("" if speculation.drafting_share == 1 else
+                f" on {speculation.drafting_share:.0%} of steps")
+    return (f"speculation, {speculation.draft_tokens} drafts{drafting}, "
+            f"{speculation.accepted_share:.0%} accepted")
 
 
 # ---------------------------------------------------------------------------------------

@@ -111,6 +111,14 @@ def test_several_thresholds_and_tps_are_each_planned_and_the_cheapest_kept(tmp_p
     (["--standby-margin", "-0.1"], "wants a share of 0 or more, not -0.1"),
     (["--standby-shift-minutes", "900"], "wants 0 to 720 minutes, not 900"),
     (["--sim-seconds", "10"], "wants more than the 10 s warm-up that is not read, not 10"),
+    (["--spec-tokens", "4"], "--spec-tokens needs --spec-accepted"),
+    (["--spec-accepted", "0.5"], "--spec-accepted needs --spec-tokens"),
+    (["--spec-tokens", "4", "--spec-counts", "10,5"],
+     "--spec-counts wants DRAFTED,ACCEPTED,GENERATED, alone"),
+    (["--spec-tokens", "4", "--spec-counts", "100,0,10"], "is more than 4 a step"),
+    (["--spec-tokens", "4", "--spec-accepted", "0.5", "--spec-drafting", "0"],
+     "wants a share in (0, 1], not 0"),
+    (["--spec-tokens", "4", "--spec-accepted", "1.5"], "wants a share in [0, 1), not 1.5"),
 ])
 def test_what_cannot_be_planned_is_refused_with_a_message(option, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -125,13 +133,17 @@ def test_the_lever_table_plans_each_lever_alone(tmp_path, capsys):
     assert main(["plan", "--rate", "400", "--slice-replicas", "4", "--sim-seconds", "20",
                  "--lever-table", "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
-    for lever in ("as given", "fp8 weights and KV", "prefix cache 30% of prompt tokens",
-                  "response cache 15% of requests"):
+    savers = ("fp8 weights and KV", "prefix cache 30% of prompt tokens",
+              "response cache 15% of requests")
+    drafting = ("speculation, 4 drafts, 14% accepted", "speculation, 4 drafts, 50% accepted")
+    for lever in ("as given", *savers, *drafting):
         assert f"| {lever} |" in printed
     levers = json.loads((tmp_path / "plan.json").read_text())["levers"]
     base = levers["as given"]["gpus"]
-    assert all(plan["gpus"] <= base for plan in levers.values())
+    assert all(levers[lever]["gpus"] <= base for lever in savers)
     assert levers["fp8 weights and KV"]["gpus"] < base
+    # speculation may cost GPUs (verifying drafts is compute): planned all the same
+    assert all(levers[lever]["gpus"] > 0 for lever in drafting)
 
 
 def test_calibrate_times_both_pools_engines_and_replay_uses_the_fit(tmp_path, capsys):
@@ -222,3 +234,11 @@ def test_calibrate_times_both_pools_engines_and_replay_uses_the_fit(tmp_path, ca
     assert main(["plan", "replay", "--config", str(TEST_CONFIG), "--calibration",
                  str(calibration), "--trace", str(trace), "--fit-runs", "2"]) == 2
     assert "--fit-runs 2 is more than the 1 --trace runs" in capsys.readouterr().err
+
+
+def test_a_plan_with_speculation_writes_it_into_the_config(tmp_path):
+    """Counters as /admin/stats gives them: 400 drafted, 100 accepted, 600 generated."""
+    assert main(["plan", *SMALL, "--no-day", "--spec-tokens", "4", "--spec-counts",
+                 "400,100,600", "--out", str(tmp_path)]) == 0
+    config = load_config(tmp_path / "pdserve.yaml")
+    assert config.decode.speculative.num_speculative_tokens == 4
