@@ -68,4 +68,10 @@ def test_a_sleeping_reader_leaves_the_core_a_spinning_one_takes():
     spinning = reader_cpu_seconds(None)
     sleeping = reader_cpu_seconds("sleep")
     assert spinning > 0.2 * WAIT_S, f"vLLM's reader should spin: {spinning:.3f} s of CPU"
-    assert sleeping < spinning / 4, (sleeping, spinning)
+    # A sleep of 100 us a turn costs about a seventh of the wait in CPU time here. The
+    # spinning reader's share depends on what else runs (54% of the wait beside another
+    # test process: 0.27 s against the sleeper's 0.072 s), so the sleeper is held to a
+    # share of the wait itself, and to half the spinner's, not to a ratio of the two
+    # that a loaded machine narrows.
+    assert sleeping < 0.25 * WAIT_S, f"the sleeping reader took {sleeping:.3f} s of CPU"
+    assert sleeping < spinning / 2, (sleeping, spinning)
