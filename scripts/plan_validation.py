@@ -86,8 +86,7 @@ def main() -> None:
     if args.calibration is None:
         pdserve("plan", "calibrate", "--config", str(args.config), "--out", str(calibration))
     reuse = serve_and_run(args, args.config, args.rates, "")
-    traces = [args.out / f"repeat{repeat}" / f"run-reference-{rate}.json"
-              for rate in rates for repeat in range(1, args.repeats + 1)]
+    traces = recorded(args, args.rates, "")
     held_out = []
     if args.held_out_set:
         held_out_config = served_config(args.config, args.held_out_set,
@@ -95,13 +94,18 @@ def main() -> None:
         held_out_rates = args.held_out_rates or args.rates
         serve_and_run(args, held_out_config, held_out_rates, "held-out-")
         held_out = ["--held-out-config", str(held_out_config), *[
-            part for rate in held_out_rates.split(",") for repeat in range(1, args.repeats + 1)
-            for part in ("--held-out-trace", str(args.out / f"held-out-repeat{repeat}"
-                                                 / f"run-reference-{float(rate)}.json"))]]
+            part for trace in recorded(args, held_out_rates, "held-out-")
+            for part in ("--held-out-trace", str(trace))]]
     pdserve("plan", "replay", "--config", str(args.config), "--calibration",
             str(calibration), "--out", str(args.out), *reuse, *held_out,
             "--fit-runs", str(len(fit_rates) * args.repeats),
             *[part for trace in traces for part in ("--trace", str(trace))])
+
+
+def recorded(args, rates: str, prefix: str) -> list[Path]:
+    """The runs ``serve_and_run`` recorded at ``rates``: by rate, then repeat."""
+    return [args.out / f"{prefix}repeat{repeat}" / f"run-reference-{float(rate)}.json"
+            for rate in rates.split(",") for repeat in range(1, args.repeats + 1)]
 
 
 def served_config(config: Path, overrides: str, out: Path) -> Path:

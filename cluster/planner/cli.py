@@ -541,13 +541,9 @@ def _search_configurations(args, inputs):
 
     if len(args.threshold) * len(args.prefill_tp) * len(args.decode_tp) == 1:
         return search(inputs), {}
-    searched = {}
-    for name, option in configurations(inputs, args.threshold, args.prefill_tp,
-                                       args.decode_tp).items():
-        try:
-            searched[name] = option if isinstance(option, str) else search(option)
-        except RuntimeError as error:
-            searched[name] = str(error).split(";")[0]     # no cluster met the SLOs
+    searched = {name: option if isinstance(option, str) else _plan_or_reason(option)
+                for name, option in configurations(inputs, args.threshold, args.prefill_tp,
+                                                   args.decode_tp).items()}
     chosen = cheapest(searched)
     print(configuration_table(searched, chosen, args.peak_to_mean) + "\n")
     return searched[chosen], searched
@@ -572,7 +568,7 @@ def _size(args) -> int:
                                           from_accepted_share(args.table_spec_tokens, share,
                                                               args.table_spec_drafting)
                                           for share in args.table_spec_accepted])
-            levers = {name: plan if variant == inputs else _lever_plan(variant)
+            levers = {name: plan if variant == inputs else _plan_or_reason(variant)
                       for name, variant in variants.items()}
         document, days = _document_and_day(args, plan)
     except (ValueError, RuntimeError) as error:
@@ -611,9 +607,10 @@ def _size(args) -> int:
     return 0
 
 
-def _lever_plan(inputs):
-    """The plan of a lever's ``inputs``, or why there is none (a lever can make the SLOs
-    unreachable: verifying drafts slows every decode step)."""
+def _plan_or_reason(inputs):
+    """The plan of ``inputs`` (a configuration or a lever), or why there is none: no
+    cluster met the SLOs within the search's steps (verifying drafts, say, can slow every
+    decode step past the ITL SLO)."""
     from cluster.planner.search import search
 
     try:
