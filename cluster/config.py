@@ -357,6 +357,12 @@ class KVTransferConfig(StrictModel):
         description="NIXL's progress thread; it spins a core per engine, so CPU nodes turn "
         "it off (see kv_transfer/vllm_plugin.py)",
     )
+    shared_memory: bool = Field(
+        True, description="engines of one host move KV through shared memory: a prefill "
+        "engine's KV cache is a memfd that a decode engine on its host maps and copies "
+        "from (kv_transfer/shared_kv.py); engines of other hosts, or that cannot map it, "
+        "move it over NIXL as ucx_tls says",
+    )
     ucx_tls: str | None = Field(
         "tcp,cma,self", description="UCX_TLS for engines. UCX picks per peer among these: "
         "cma (the kernel copies from the other engine's memory: same host, no progress "

@@ -3,7 +3,9 @@
 The typed KV handle and the NIXL side-channel addressing that keeps replicas from colliding
 (both pure), the vLLM connector configuration of each role, and ``vllm_plugin`` (a shell:
 vLLM loads it in every engine process to set NIXL's agent options). The engines apply
-them; vLLM's NixlConnector moves the blocks.
+them; vLLM's NixlConnector moves the blocks, over NIXL between hosts and, between engines
+of one host, through ``shared_kv`` (the prefill engine's cache mapped by the decode
+engine; which bytes to copy is ``copy_plan``, pure).
 """
 
 from kv_transfer.connector import connector_config, engine_id_for

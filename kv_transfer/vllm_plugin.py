@@ -12,6 +12,13 @@ progressed when vLLM checks their state on each engine step, which is enough for
 engines. Leave the thread on (the default) on GPU nodes with RDMA, where transfers should
 progress independently of the engine loop.
 
+``PDSERVE_KV_SHARED_MEMORY=1`` (``kv_transfer.shared_memory``) moves KV between engines
+of one host through shared memory instead of UCX (``kv_transfer/shared_kv.py``): a
+producer's KV cache is allocated as a memfd, through the allocation context a connector
+may give (``get_mem_pool_context``), and every engine's NIXL agent is
+``shared_memory_agent``'s subclass, which publishes that memory in its metadata and READs
+a same-host peer's by copying.
+
 Always: a KV connector's construction keeps the calling thread's CPU affinity. vLLM
 0.32's NIXL worker on a CPU platform calls ``os.sched_setaffinity(0, ...)`` with the last
 core of each NUMA node, meant to keep transfers off the cores that compute; but the thread
@@ -28,6 +35,7 @@ import os
 import sys
 
 PROGRESS_THREAD_ENV = "PDSERVE_NIXL_PROGRESS_THREAD"
+SHARED_MEMORY_ENV = "PDSERVE_KV_SHARED_MEMORY"
 _NIXL_WORKER_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker"
 
 logger = logging.getLogger("vllm.pdserve")  # vLLM's handlers print it in the engine logs
@@ -38,6 +46,8 @@ def register() -> None:
     _keep_thread_affinity_across_connectors()
     if os.environ.get(PROGRESS_THREAD_ENV, "1") == "0":
         _turn_progress_thread_off()
+    if os.environ.get(SHARED_MEMORY_ENV) == "1":
+        _share_kv_through_memory()
 
 
 def _keep_thread_affinity_across_connectors() -> None:
@@ -80,3 +90,38 @@ def _turn_progress_thread_off() -> None:
     worker_module = sys.modules.get(_NIXL_WORKER_MODULE)
     if worker_module is not None:
         worker_module.nixl_agent_config = agent_config_without_progress_thread
+
+
+def _share_kv_through_memory() -> None:
+    from vllm.distributed import nixl_utils
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import (
+        NixlBaseConnector,
+    )
+
+    base = nixl_utils.NixlWrapper  # vLLM's loader: sets UCX's environment, imports NIXL
+    if base is None or getattr(base, "_pdserve_wrapped", False):
+        return
+    from kv_transfer.shared_kv import SharedKvAllocation, shared_memory_agent
+
+    agent_class = shared_memory_agent(base)
+    agent_class._pdserve_wrapped = True
+    nixl_utils.NixlWrapper = agent_class
+    worker_module = sys.modules.get(_NIXL_WORKER_MODULE)
+    if worker_module is not None:  # it binds the name at import
+        worker_module.NixlWrapper = agent_class
+
+    from vllm.platforms import current_platform
+
+    original = NixlBaseConnector.get_mem_pool_context
+
+    def get_mem_pool_context(self):
+        # Only a producer's cache is read by others; a decode engine's stays private. A
+        # GPU engine's cache is not host memory: NIXL moves it (NVLink, RDMA), and its
+        # worker's own memory pool (sleep mode) stays in place.
+        context = original(self)
+        if (context is None and current_platform.is_cpu()
+                and self._kv_transfer_config.kv_role == "kv_producer"):
+            return SharedKvAllocation()
+        return context
+
+    NixlBaseConnector.get_mem_pool_context = get_mem_pool_context

@@ -18,7 +18,7 @@ from cluster.config import PDServeConfig, PoolConfig
 from cluster.digest import short_digest
 from cluster.engine.vllm_plugin import NICE_ENV, WAIT_ENV
 from kv_transfer.connector import Role
-from kv_transfer.vllm_plugin import PROGRESS_THREAD_ENV
+from kv_transfer.vllm_plugin import PROGRESS_THREAD_ENV, SHARED_MEMORY_ENV
 
 CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # the cores a CPU engine's threads run on
 # torch's switch that turns every torch.compile into the plain function
@@ -84,6 +84,8 @@ def engine_env(
         env[PROGRESS_THREAD_ENV] = "0"
     if config.kv_transfer.ucx_tls:
         env["UCX_TLS"] = config.kv_transfer.ucx_tls
+    if config.kv_transfer.shared_memory:
+        env[SHARED_MEMORY_ENV] = "1"
     env.update(engine_settings_env(config, role, version))
     return env
 

@@ -17,8 +17,10 @@ import psutil
 import pytest
 
 from cluster.cores import parse_cores
-from tests.integration.conftest import CONFIG
+from tests.integration.conftest import CONFIG, MODEL
 from tests.integration.engine_processes import is_spawned_as
+from tests.integration.openai_http import generate
+from tests.integration.test_equivalence import prose
 
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "sched_getaffinity") or not Path("/proc/self/task").is_dir(),
@@ -66,3 +68,38 @@ def test_every_engine_thread_stays_on_its_pools_cores(pdserve):
             except OSError:
                 continue  # a thread that ended meanwhile
             assert affinity <= allowed, (pid, task.name, affinity, env[BIND_ENV])
+
+
+KV_MEMFD = "/memfd:pdserve-kv"  # kv_transfer/shared_kv.py's MEMFD_NAME, as /proc shows it
+
+
+def kv_mappings(pid: int) -> list[tuple[str, int]]:
+    """(permissions, inode) of each mapping of a pdserve KV memfd in the process."""
+    mappings = []
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].startswith(KV_MEMFD):
+            mappings.append((fields[1], int(fields[4])))
+    return mappings
+
+
+def test_same_host_kv_moves_through_the_prefill_engines_shared_cache(pdserve):
+    """kv_transfer.shared_memory (on in the test config, as by default): each prefill
+    engine's KV cache is a memfd it maps read-write, and a decode engine that pulled a
+    prompt's KV from it maps that same memfd read-only, to copy the blocks from; a decode
+    engine's own cache is not shared. The answer is checked against colocated vLLM in
+    test_equivalence; here, where the bytes came from."""
+    assert CONFIG.kv_transfer.shared_memory
+    result = generate(pdserve, "completion", MODEL, prose(230, seed=41), stream=False,
+                      max_tokens=4, temperature=0)
+    assert result.status == 200 and len(result.prompt_token_ids) > 1000, result.error
+    mappings = {pid: kv_mappings(pid) for pid, _ in cluster_workers()}
+    shared_caches = {inode for maps in mappings.values()
+                     for permissions, inode in maps if permissions == "rw-s"}
+    prefill_engines = [pid for pid, maps in mappings.items()
+                       if any(permissions == "rw-s" for permissions, _ in maps)]
+    assert len(prefill_engines) == len(CONFIG.versions), mappings
+    readers = [pid for pid, maps in mappings.items() if pid not in prefill_engines
+               and any(permissions == "r--s" and inode in shared_caches
+                       for permissions, inode in maps)]
+    assert readers, mappings  # the decode engine that pulled this prompt's KV

@@ -58,6 +58,14 @@ def test_engine_env_has_unique_side_channel_and_pool_env():
     assert "VLLM_CPU_OMP_THREADS_BIND" not in engine_env(config, "decode", "h", 1)
 
 
+def test_same_host_kv_goes_through_shared_memory_unless_switched_off():
+    on = parse_config(BASE)
+    off = parse_config({**BASE, "kv_transfer": {"shared_memory": False}})
+    for role in ("prefill", "decode"):  # the prefill engine shares, the decode one maps
+        assert engine_env(on, role, "h", 1)["PDSERVE_KV_SHARED_MEMORY"] == "1"
+        assert "PDSERVE_KV_SHARED_MEMORY" not in engine_env(off, role, "h", 1)
+
+
 def test_an_eager_engine_and_its_baseline_compile_nothing_not_even_sampler_ops():
     eager = parse_config({**BASE, "engine": {**BASE["engine"], "enforce_eager": True}})
     for env in (engine_env(eager, "prefill", "h", 1), engine_env(eager, "decode", "h", 1),
