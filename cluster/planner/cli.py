@@ -61,9 +61,10 @@ def add_parser(commands) -> None:
                       help="replay: a `pdserve bench transfer` JSON file: each prompt's "
                       "transfer then takes its KV bytes at the latency and bandwidth "
                       "measured over --transfer-transport")
-    plan.add_argument("--transfer-transport", default="cma",
-                      help="replay: the transport of --transfer-from's rows (cma: pools on "
-                      "one host, as the served configs run; tcp: between hosts)")
+    plan.add_argument("--transfer-transport", default="shm",
+                      help="replay: the transport of --transfer-from's rows (shm: pools on "
+                      "one host, as the served configs run; cma: the same with "
+                      "kv_transfer.shared_memory off; tcp: between hosts)")
     plan.add_argument("--model", default="llama-3.1-70b",
                       help="llama-3.1-70b, or a checkpoint folder or config.json path")
     plan.add_argument("--accelerator", default="h100", help="h100, h200 or a100")

@@ -11,8 +11,10 @@ from cluster.bench.transfer import measure_transfers
 
 @pytest.mark.timeout(300)
 def test_each_transport_reads_the_owners_blocks_from_another_process():
-    rows = measure_transfers([1], repeats=2, transports=["tcp", "cma"])
-    assert [(row["transport"], row["mib"]) for row in rows] == [("tcp", 1), ("cma", 1)]
+    rows = measure_transfers([1], repeats=2, transports=["tcp", "cma", "shm"])
+    assert [(row["transport"], row["mib"]) for row in rows] == [("tcp", 1), ("cma", 1),
+                                                                ("shm", 1)]
+    assert [row["moved_by"] for row in rows] == ["UCX", "UCX", "shared memory"]
     for row in rows:
         assert row["blocks"] == 64  # 1 MiB of 16 KiB blocks, one descriptor each
         assert row["nixl_gbps"] > 0 and row["memcpy_gbps"] > 0

@@ -193,7 +193,7 @@ def test_calibrate_times_both_pools_engines_and_replay_uses_the_fit(tmp_path, ca
     # simulated TTFT, so the serving layer's fitted share of the same measured TTFT shrinks
     slow_link = tmp_path / "transfer.json"
     slow_link.write_text(json.dumps({"rows": [
-        {"transport": "cma", "mib": mib, "block_kib": 16,
+        {"transport": "shm", "mib": mib, "block_kib": 16,
          "nixl_gbps": mib * 2**20 / (0.020 + mib * 2**20 / 1e10) / 1e9} for mib in (1, 64)]}))
     capsys.readouterr()
     assert main(["plan", "replay", "--config", str(TEST_CONFIG), "--calibration",
