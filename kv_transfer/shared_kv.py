@@ -15,12 +15,13 @@ vllm_plugin.py`` when ``kv_transfer.shared_memory`` is on:
   (fd, address, size, inode) and the host's identity to the agent metadata that vLLM's
   handshake hands the decode engine; ``split_trailer`` takes them off before NIXL sees it.
 - **The decode engine's agent READs by copying.** ``shared_memory_agent`` subclasses NIXL's
-  agent: a peer on the same host (same boot, same PID namespace) whose fd opens through
-  ``/proc/<pid>/fd`` is mapped read-only, and a READ from it becomes ``memmove`` calls
-  (``copy_plan``), done in ``transfer``, followed by the READ's notification, which tells
-  the prefill engine to free the blocks, as NIXL would send it. Everything else (a peer on
-  another host, one whose memory cannot be mapped, a descriptor outside the mapping, a
-  WRITE) goes to NIXL unchanged.
+  agent: at the first READ from a peer on the same host (same boot, same PID namespace)
+  whose fd opens through ``/proc/<pid>/fd``, its memory is mapped read-only, and a READ of
+  host memory (DRAM on both sides) from it becomes copies (``copy_plan``), done in
+  ``transfer``, followed by the READ's notification, which tells the prefill engine to
+  free the blocks, as NIXL would send it. Everything else (a peer on another host, one
+  whose memory cannot be mapped or whose process is gone, a descriptor outside the
+  mapping, device memory, a WRITE) goes to NIXL unchanged.
 
 The copy runs in the engine step that posts the READ, as CMA's did (the progress thread is
 off on CPU nodes, so UCX copied in the step that polled the transfer). A mapping outlives a
@@ -59,6 +60,9 @@ SWEEP_INTERVAL_S = 10.0  # how often a reader looks for peers that have died
 
 # This process's shared KV buffers: what the trailer publishes. The fds stay open for the
 # life of the process (a peer opens them through /proc), the tensors keep the mappings.
+# vLLM allocates a CPU engine's cache once per worker process; a tensor's Python object
+# says nothing of its memory's life (the engine keeps only views of it), so there is no
+# earlier moment to close them.
 _exported: list[dict[str, int]] = []
 
 
@@ -163,6 +167,7 @@ class PeerMemory:
         self.segments = SegmentMap(segments)
         self._mapped = [(segment.local_addr, segment.size) for segment in segments]
         self._owner = owner  # (pid, fd, inode) of the first segment, to see it gone
+        self.closed = False
 
     def owner_alive(self) -> bool:
         """Whether the process that published the memory still holds it (its fd still
@@ -208,6 +213,9 @@ class PeerMemory:
                        local_addr=local_addr)
 
     def close(self) -> None:
+        """Unmap; a ``SharedRead`` made before and run after then fails instead of
+        reading unmapped memory."""
+        self.closed = True
         libc = _get_libc()
         for addr, size in self._mapped:
             libc.munmap(addr, size)
@@ -233,14 +241,18 @@ class SharedRead:
     """A READ done by copying: what ``make_prepped_xfer`` returns in place of NIXL's
     handle for a peer whose memory is mapped. ``transfer`` runs it."""
 
-    def __init__(self, copies: list[Copy], agent: str, notif_msg: bytes):
+    def __init__(self, copies: list[Copy], agent: str, notif_msg: bytes, peer: PeerMemory):
         self.copies = copies
         self.agent = agent
         self.notif_msg = notif_msg
+        self.peer = peer
         self.state = "PROC"  # until transferred
         self.telemetry = None
 
     def run(self) -> None:
+        if self.peer.closed:  # its owner died (or vLLM dropped it) since the READ was made
+            self.state = "ERR"
+            return
         started = time.perf_counter()
         memmove = ctypes.memmove
         for destination, source, length in self.copies:
@@ -264,7 +276,8 @@ def shared_memory_agent(base: type) -> type:
     class SharedMemoryAgent(base):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            self._peers: dict[str, PeerMemory] = {}
+            self._peers: dict[str, PeerMemory] = {}  # mapped, on the engine's thread
+            self._published: dict[str, dict[str, Any]] = {}  # trailers not yet mapped
             # Per thread: vLLM prepares lists on the engine's thread and, for a new peer,
             # on its handshake thread, each as a get_xfer_descs then a prep_xfer_dlist.
             self._described = threading.local()
@@ -279,24 +292,30 @@ def shared_memory_agent(base: type) -> type:
             metadata, info = split_trailer(metadata)
             name = super().add_remote_agent(metadata)
             if info is not None:
-                self._map_peer(name, info)
+                # vLLM runs handshakes on a thread of its own while the engine's thread
+                # copies: the peer is mapped later, at its first READ, on the engine's
+                # thread, which also unmaps (remove_remote_agent, _forget_dead_peers).
+                self._published[name] = info
             return name
 
-        def _map_peer(self, name: str, info: dict[str, Any]) -> None:
-            # vLLM may run a handshake in a background thread while the engine's own
-            # thread copies: a mapping is only ever made here, never replaced (the same
-            # agent is the same process, with the same memory), and it is unmapped only
-            # on the engine's thread (remove_remote_agent, _forget_dead_peers).
-            if name in self._peers:
-                return
+        def _peer(self, name: str) -> PeerMemory | None:
+            """The peer's mapped memory, mapping it at its first READ; None when it
+            published none or cannot be mapped (then NIXL moves its KV)."""
+            peer = self._peers.get(name)
+            if peer is not None:
+                return peer
+            info = self._published.pop(name, None)
+            if info is None:
+                return None
             try:
                 peer = PeerMemory.open(info)
             except (OSError, ValueError, KeyError) as error:
                 logger.info("pdserve: KV from NIXL agent %s moves over NIXL, not shared "
                             "memory: %s", name, error)
-                return
+                return None
             self._peers[name] = peer
             logger.info("pdserve: KV from NIXL agent %s moves through shared memory", name)
+            return peer
 
         def _drop_peer(self, name: str) -> None:
             peer = self._peers.pop(name, None)
@@ -304,6 +323,7 @@ def shared_memory_agent(base: type) -> type:
                 peer.close()
 
         def remove_remote_agent(self, agent: str):
+            self._published.pop(agent, None)
             self._drop_peer(agent)
             return super().remove_remote_agent(agent)
 
@@ -314,7 +334,7 @@ def shared_memory_agent(base: type) -> type:
             dlist = super().get_xfer_descs(descs, mem_type)
             rows = descriptor_table(descs)
             if rows is not None:
-                self._described.last = (dlist, rows)
+                self._described.last = (dlist, rows, mem_type)
             return dlist
 
         def prep_xfer_dlist(self, agent_name, xfer_list, mem_type=None, backends=None):
@@ -322,11 +342,13 @@ def shared_memory_agent(base: type) -> type:
             self._described.last = None
             rows = descriptor_table(xfer_list)
             if rows is None and remembered is not None and remembered[0] is xfer_list:
-                rows = remembered[1]
+                _, rows, mem_type = remembered
             handle = super().prep_xfer_dlist(agent_name, xfer_list, mem_type, backends or [])
             self._described.last = None
             if rows is not None:
-                self._prepped[id(handle)] = (agent_name, rows)
+                self._prepped[id(handle)] = (agent_name, rows, mem_type)
+            else:  # a handle at a reused id must not inherit an old table
+                self._prepped.pop(id(handle), None)
             return handle
 
         def release_dlist_handle(self, handle):
@@ -371,8 +393,11 @@ def shared_memory_agent(base: type) -> type:
             remote = self._prepped.get(id(remote_side))
             if operation != "READ" or local is None or remote is None:
                 return None
-            peer = self._peers.get(remote[0])
-            if peer is None or local[0] not in _LOCAL_AGENTS:
+            # Host memory on both sides only: a GPU's blocks are NIXL's (NVLink, RDMA).
+            if local[0] not in _LOCAL_AGENTS or local[2] != "DRAM" or remote[2] != "DRAM":
+                return None
+            peer = self._peer(remote[0])
+            if peer is None:
                 return None
             if not peer.owner_alive():  # its KV is not read: NIXL fails the READ, and
                 self._forget(remote[0])  # vLLM's load_failure_policy applies, as before
@@ -381,14 +406,14 @@ def shared_memory_agent(base: type) -> type:
                                      peer.segments)
             if copies is None:
                 return None
-            return SharedRead(copies, remote[0], notif_msg)
+            return SharedRead(copies, remote[0], notif_msg, peer)
 
         def transfer(self, handle, notif_msg: bytes = b""):
             if not isinstance(handle, SharedRead):
                 return super().transfer(handle, notif_msg)
             handle.run()
             message = notif_msg or handle.notif_msg
-            if message:
+            if message and handle.state == "DONE":
                 self._notify(handle.agent, message)
             return handle.state
 

@@ -104,3 +104,4 @@ def test_a_peer_that_cannot_be_mapped_is_refused_with_a_reason(owner):
     process.join(10)
     with pytest.raises(OSError):  # its /proc/<pid>/fd is gone with it
         PeerMemory.open(info)
+

@@ -176,14 +176,57 @@ def test_dropping_a_peer_unmaps_it_and_its_reads_go_to_nixl(cache):
     prefill = Agent("prefill")
     metadata = prefill.get_agent_metadata()
     published = len(split_trailer(metadata)[1]["segments"])  # every cache this process made
-    reader, peer, _local, local_side = reader_of(metadata)
-    remote_side = reader.prep_xfer_dlist(peer, reader.get_xfer_descs(rows(cache), "DRAM"))
     mapped_before = read_only_kv_mappings()
+    reader, peer, local, local_side = reader_of(metadata)
+    remote_side = reader.prep_xfer_dlist(peer, reader.get_xfer_descs(rows(cache), "DRAM"))
+    assert read_only_kv_mappings() == mapped_before  # mapped at the first READ, not before
+    made_before = reader.make_prepped_xfer("READ", local_side, [0], remote_side, [5])
+    assert isinstance(made_before, SharedRead)
+    assert read_only_kv_mappings() == mapped_before + published
     reader.remove_remote_agent(peer)
     assert reader.removed == [peer]
-    assert read_only_kv_mappings() == mapped_before - published
+    assert read_only_kv_mappings() == mapped_before
     handle = reader.make_prepped_xfer("READ", local_side, [0], remote_side, [0])
     assert not isinstance(handle, SharedRead)
+    # A READ made before the peer went fails rather than read unmapped memory.
+    assert reader.transfer(made_before) == "ERR" == reader.check_xfer_state(made_before)
+    assert not local[0].any() and reader.notifs == []
+
+
+def test_device_memory_on_either_side_is_left_to_nixl(cache):
+    prefill = Agent("prefill")
+    reader, peer, _local, local_side = reader_of(prefill.get_agent_metadata())
+    remote_vram = reader.prep_xfer_dlist(peer, reader.get_xfer_descs(rows(cache), "VRAM"))
+    assert not isinstance(
+        reader.make_prepped_xfer("READ", local_side, [0], remote_vram, [0]), SharedRead)
+    local_vram = reader.prep_xfer_dlist(
+        "NIXL_INIT_AGENT", rows(torch.zeros(BLOCKS, BLOCK, dtype=torch.uint8)), "VRAM")
+    remote_dram = reader.prep_xfer_dlist(peer, reader.get_xfer_descs(rows(cache), "DRAM"))
+    assert not isinstance(
+        reader.make_prepped_xfer("READ", local_vram, [0], remote_dram, [0]), SharedRead)
+    assert len(reader.nixl_reads) == 2
+
+
+class ReusingAgent(RecordingAgent):
+    """A NIXL whose descriptor-list handles come back at the same address, as a freed
+    handle's id() can be reused by the next one."""
+
+    handle = object()
+
+    def prep_xfer_dlist(self, agent_name, xfer_list, mem_type=None, backends=()):
+        return self.handle
+
+
+def test_a_handle_at_a_reused_id_does_not_inherit_an_old_table(cache):
+    prefill = shared_memory_agent(ReusingAgent)("prefill")
+    reader = shared_memory_agent(ReusingAgent)("decode")
+    peer = reader.add_remote_agent(prefill.get_agent_metadata())
+    local_side = reader.prep_xfer_dlist("NIXL_INIT_AGENT", reader.get_xfer_descs(
+        rows(torch.zeros(BLOCKS, BLOCK, dtype=torch.uint8)), "DRAM"))
+    remote_side = reader.prep_xfer_dlist(peer, [cache[0], cache[1]])  # no table: tensors
+    assert remote_side is local_side
+    read = reader.make_prepped_xfer("READ", local_side, [0], remote_side, [0])
+    assert not isinstance(read, SharedRead) and len(reader.nixl_reads) == 1
 
 
 def read_only_kv_mappings() -> int:
@@ -210,3 +253,4 @@ def test_a_dead_owners_kv_is_not_read_and_its_memory_is_unmapped(owner):  # noqa
     after_death = reader.make_prepped_xfer("READ", local_side, [0], remote_side, [0])
     assert not isinstance(after_death, SharedRead) and len(reader.nixl_reads) == 1
     assert read_only_kv_mappings() == mapped - 1
+    assert reader.transfer(alive) == "ERR"  # made while it lived, run after: not copied
