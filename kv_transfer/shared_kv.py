@@ -281,7 +281,8 @@ def shared_memory_agent(base: type) -> type:
             # Per thread: vLLM prepares lists on the engine's thread and, for a new peer,
             # on its handshake thread, each as a get_xfer_descs then a prep_xfer_dlist.
             self._described = threading.local()
-            self._prepped: dict[int, tuple[str, Any]] = {}  # id(handle): agent, table
+            # id(handle): its agent, its (address, length) table, its memory type
+            self._prepped: dict[int, tuple[str, Any, str | None]] = {}
             self._next_sweep = 0.0
 
         # -- the handshake: publish ours, map theirs --------------------------------------
