@@ -338,7 +338,9 @@ class KVTransferConfig(StrictModel):
         "handle after two thirds of it prefills the prompt itself instead of pulling",
     )
     side_channel_base_port: int = Field(
-        15600, ge=1024, le=65000, description="first NIXL side-channel port on each node"
+        24600, ge=1024, le=65000, description="first NIXL side-channel port on each node; "
+        "the range (a span per pool) must stay clear of Ray's worker ports and of the "
+        "ephemeral ports outgoing connections take"
     )
     side_channel_port_span: int = Field(
         400, ge=1, description="ports tried above the base before giving up"
@@ -829,6 +831,23 @@ class PDServeConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _side_channels_clear_of_other_listeners(self) -> PDServeConfig:
+        # Any Ray worker process may hold a port of Ray's worker range, and any outgoing
+        # connection one of the ephemeral range: an engine whose side-channel port is taken
+        # cannot start, found only when it tries (a flaky start, not an error at load).
+        kv = self.kv_transfer
+        first = kv.side_channel_base_port
+        last = first + kv.side_channel_port_span * 2 * len(self.versions) - 1
+        for low, high, whose in _PORTS_TAKEN_BY_OTHERS:
+            if first <= high and low <= last:
+                raise ValueError(
+                    f"kv_transfer.side_channel_base_port: the side-channel ports {first}-"
+                    f"{last} (a span of {kv.side_channel_port_span} per pool) overlap "
+                    f"{whose} ({low}-{high}); choose a base from 20000 so the range ends "
+                    f"below 32768 (the default is 24600)")
+        return self
+
+    @model_validator(mode="after")
     def _speculation_on_decode_pools_only(self) -> PDServeConfig:
         # A prefill engine makes one token per request: there is nothing to speculate on.
         for version in self.versions:
@@ -850,6 +869,14 @@ class PDServeConfig(StrictModel):
                     raise ValueError(f"{self._pool_path(version, role)}: its replica bounds "
                                      f"over autoscaling.{role}'s: {problem}") from None
         return self
+
+
+# Port ranges a host's other processes take ports from, at their defaults.
+_PORTS_TAKEN_BY_OTHERS = (
+    (10002, 19999, "Ray's worker ports (`ray start --min-worker-port/--max-worker-port`)"),
+    (32768, 65535, "the ephemeral ports of outgoing connections (Linux's ip_local_port_range "
+                   "starts at 32768)"),
+)
 
 
 def _primary_model(versions: dict, served_models: Any) -> dict:

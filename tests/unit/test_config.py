@@ -174,6 +174,36 @@ def test_tiny_model_heads_must_divide():
         parse_config(data)
 
 
+@pytest.mark.parametrize(("base", "span", "clash"), [
+    (15600, 400, "Ray's worker ports"),       # the old default: inside 10002-19999
+    (9800, 200, "Ray's worker ports"),        # 9800-10199 ends inside it
+    (32000, 400, "ephemeral ports"),          # 32000-33599 runs into 32768
+])
+def test_side_channel_ports_stay_clear_of_ray_workers_and_outgoing_connections(
+        base, span, clash):
+    data = {**MINIMAL, "kv_transfer": {"side_channel_base_port": base,
+                                       "side_channel_port_span": span}}
+    with pytest.raises(ConfigError, match=clash) as raised:
+        parse_config(data)
+    assert "kv_transfer.side_channel_base_port" in str(raised.value)
+
+
+@pytest.mark.parametrize("path", sorted(
+    str(path.relative_to(REPO)) for path in [*REPO.glob("tests/integration/pdserve-*.yaml"),
+                                             *REPO.glob("ray_configs/*.yaml")]
+    if not path.name.startswith("cluster-")))  # cluster-*.yaml are `ray up` files
+def test_every_shipped_pdserve_config_passes_the_checks(path):
+    load_config(REPO / path)  # the side-channel range check among them
+
+
+def test_side_channel_ranges_clear_at_the_default_and_up_to_the_edges():
+    assert parse_config(MINIMAL).kv_transfer.side_channel_base_port == 24600
+    # one version, two pools of 400 ports: 31200-31999 ends just below 32768
+    edge = {"side_channel_base_port": 31200, "side_channel_port_span": 400}
+    assert parse_config({**MINIMAL, "kv_transfer": edge}).kv_transfer.side_channel_base_port
+    parse_config({**MINIMAL, "kv_transfer": {"side_channel_base_port": 5000}})
+
+
 def test_missing_file_and_bad_yaml(tmp_path):
     with pytest.raises(ConfigError, match="cannot read config"):
         load_config(tmp_path / "nope.yaml")
