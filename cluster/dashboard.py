@@ -66,14 +66,15 @@ def build_dashboard(slo: SLOConfig) -> dict[str, Any]:
             "expr": f"histogram_quantile(0.95, sum by (le, stage) "
                     f"(rate({m.STAGE.exported_name}_bucket[{_RATE}])))",
             "legendFormat": "p95 {{stage}}"}], "s", ""),
-        ("The engines' part of the pool stages (mean per request)", [{
+        ("The engines' part of the pool stages, and the hops to them (mean per request)", [{
             "expr": f"sum by (pool, phase) (rate({m.ENGINE_PHASE.exported_name}_sum[{_RATE}])) "
                     f"/ sum by (pool, phase) "
                     f"(rate({m.ENGINE_PHASE.exported_name}_count[{_RATE}]))",
             "legendFormat": "{{pool}} engine {{phase}}"}], "s",
          "queued: arrival to first scheduled; prefill: scheduled to first token (on the "
-         "decode pool the KV pull included). The rest of the prefill and first_token "
-         "stages is hops between processes"),
+         "decode pool the KV pull included). to_engine and from_engine: the replica's hop "
+         "to its engine core and the first token's way back (vLLM's AsyncLLM). The rest of "
+         "the prefill and first_token stages is Serve's calls and the router"),
         ("End-to-end latency", _quantiles(m.E2E), "s", ""),
         ("Requests by outcome", [{
             "expr": f"sum by (outcome) (rate({m.REQUESTS.exported_name}[{_RATE}]))",

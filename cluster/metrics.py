@@ -102,7 +102,10 @@ ENGINE_PHASE = MetricSpec("pdserve_engine_request_seconds", "histogram",
                           "Engine time of each finished request by phase: queued (arrival "
                           "to first scheduled) and prefill (scheduled to first token; on "
                           "the decode pool the KV pull included): the engines' part of "
-                          "the router's prefill and first_token stages",
+                          "the router's prefill and first_token stages; and the hops "
+                          "around them in the replica: to_engine (the replica's call to the "
+                          "engine core queuing the request) and from_engine (the engine's "
+                          "first token to the replica holding it)",
                           (*POOL_TAGS, "phase"), STAGE_BUCKETS)
 
 # --- KV transfer (recorded by the decode engines that pull) ----------------------------
@@ -231,12 +234,14 @@ def settle_s(report_period_s: float) -> float:
 
 
 class Counts:
-    """Counter increments gathered in memory, added to Ray's counters by ``flush``.
+    """Counter increments and histogram observations gathered in memory, handed to Ray's
+    metrics by ``flush``.
 
     A Ray counter's ``inc`` costs far more Python than an engine step can spare for it (1 to 2%
     of a decode replica's py-spy samples under streaming load): engines add
     their per-step counts here, and a thread of the replica flushes them a few times per
-    export period. Thread-safe.
+    export period. Observations made on a request's way to its first token wait here too,
+    so that the token does not wait for them. Thread-safe.
     """
 
     def __init__(self) -> None:
@@ -244,6 +249,7 @@ class Counts:
 
         self._lock = threading.Lock()
         self._pending: dict[tuple[MetricSpec, tuple[tuple[str, str], ...]], float] = {}
+        self._observations: list[tuple[MetricSpec, dict[str, str], float]] = []
 
     def add(self, spec: MetricSpec, tags: dict[str, str], value: float) -> None:
         if value > 0:
@@ -251,8 +257,15 @@ class Counts:
             with self._lock:
                 self._pending[key] = self._pending.get(key, 0.0) + value
 
+    def observe(self, spec: MetricSpec, tags: dict[str, str], value: float) -> None:
+        with self._lock:
+            self._observations.append((spec, tags, value))
+
     def flush(self, recorder: Recorder) -> None:
         with self._lock:
             pending, self._pending = self._pending, {}
+            observations, self._observations = self._observations, []
         for (spec, tags), value in pending.items():
             recorder.inc(spec, dict(tags), value)
+        for spec, tags, value in observations:
+            recorder.observe(spec, tags, value)

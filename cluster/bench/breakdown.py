@@ -4,7 +4,10 @@ pdserve records every answered request's stages (``pdserve_request_stage_seconds
 router/timing.py), and each engine the time a finished request spent queued and being
 prefilled there (``pdserve_engine_request_seconds``, keyed here "<pool> engine <phase>"):
 the engines' part of the router's ``prefill`` and ``first_token`` stages, the rest being
-hops between processes. A benchmark scrapes the Prometheus text before and after its run; the
+hops between processes. Of those hops the replicas time the ones to and from their engine
+core (the same histogram's phases ``to_engine`` and ``from_engine``, keyed "<pool> replica
+to engine" and "<pool> engine to replica"); what is left is Serve's calls and the
+router's own work. A benchmark scrapes the Prometheus text before and after its run; the
 difference is that run's requests alone, whatever ran before. Quantiles are read from the
 bucket counts the way Prometheus's ``histogram_quantile`` does (linear within a bucket).
 Means are approximate too: Ray's metrics exporter rebuilds a histogram's sum from the
@@ -27,6 +30,12 @@ StageSamples = dict[tuple[str, str], float]
 # The engines' phases, in the order a disaggregated request meets them.
 ENGINE_PARTS = tuple(f"{pool} engine {phase}" for pool in ("prefill", "decode")
                      for phase in ("queued", "prefill"))
+# Each replica's hops to its engine core and back around those phases (vLLM's AsyncLLM:
+# its input processing, the engine core's input socket; its output socket, AsyncLLM's
+# output handler): serving time, which the engine process's own figures leave out.
+HOP_PHASES = {"to_engine": "replica to engine", "from_engine": "engine to replica"}
+HOP_PARTS = tuple(f"{pool} {name}" for pool in ("prefill", "decode")
+                  for name in HOP_PHASES.values())
 
 
 def stage_samples(families) -> StageSamples:
@@ -52,7 +61,10 @@ def _part_of(sample) -> tuple[str | None, str]:
             if spec is m.STAGE:
                 return labels.get("stage"), series
             if "pool" in labels and "phase" in labels:
-                return f"{labels['pool']} engine {labels['phase']}", series
+                pool, phase = labels["pool"], labels["phase"]
+                if phase in HOP_PHASES:
+                    return f"{pool} {HOP_PHASES[phase]}", series
+                return f"{pool} engine {phase}", series
     return None, ""
 
 
@@ -70,7 +82,7 @@ def decoded(before: StageSamples, after: StageSamples) -> int:
 def breakdown(before: StageSamples, after: StageSamples) -> dict[str, dict[str, float]]:
     """Per stage that happened between the scrapes: requests, mean, p50 and p95 (s)."""
     result = {}
-    for stage in (*STAGES, *ENGINE_PARTS):
+    for stage in (*STAGES, *ENGINE_PARTS, *HOP_PARTS):
         count = _delta(before, after, stage, "count")
         if count <= 0:
             continue
@@ -104,13 +116,18 @@ def quantile(q: float, buckets: list[tuple[float, float]]) -> float:
 def table(stages: dict[str, dict[str, float]]) -> str:
     """The breakdown as `pdserve bench` prints it (milliseconds)."""
     lines = [f"  {'stage (ms)':<24}{'requests':>9}{'mean':>9}{'p50':>9}{'p95':>9}"]
-    first_engine_part = next((stage for stage in stages if stage in ENGINE_PARTS), None)
+    headings = {_first(stages, ENGINE_PARTS): "  of which in the engines:",
+                _first(stages, HOP_PARTS): "  and between each replica and its engine:"}
     for stage, row in stages.items():
-        if stage == first_engine_part:
-            lines.append("  of which in the engines:")
+        if stage in headings:
+            lines.append(headings[stage])
         lines.append(f"  {stage:<24}{row['requests']:>9.0f}{row['mean_s'] * 1000:>9.1f}"
                      f"{row['p50_s'] * 1000:>9.1f}{row['p95_s'] * 1000:>9.1f}")
     return "\n".join(lines)
+
+
+def _first(stages: dict[str, dict[str, float]], parts: tuple[str, ...]) -> str | None:
+    return next((stage for stage in stages if stage in parts), None)
 
 
 def _delta(before: StageSamples, after: StageSamples, stage: str, key: str) -> float:

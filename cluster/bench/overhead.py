@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from cluster.bench import cpu
-from cluster.bench.breakdown import ENGINE_PARTS
+from cluster.bench.breakdown import ENGINE_PARTS, HOP_PARTS
 from cluster.bench.runner import run_workload
 from cluster.bench.workload import PlannedRequest
 from cluster.percentile import percentile
@@ -136,13 +136,16 @@ def engine_share(stages: dict[str, dict[str, float]] | None) -> dict[str, float]
     prompt (the prefill engine queueing and computing it; the decode engine pulling its
     KV and computing the first token), and the rest, pdserve's (render, admission,
     routing and the hops between processes, and the proxy's, which the router cannot
-    see and is not in here)."""
+    see and is not in here). The serving part is split once more: the replicas' hops to
+    their engine cores and back, and the rest (Serve's calls, the router's own work)."""
     if not stages or "prefill" not in stages:
         return None
     mean = {stage: row["mean_s"] for stage, row in stages.items()}
     engines = sum(mean.get(part, 0.0) for part in ENGINE_PARTS)
     router = sum(mean.get(stage, 0.0) for stage in STAGES)
-    return {"router_s": router, "engines_s": engines, "serving_s": router - engines}
+    hops = sum(mean.get(part, 0.0) for part in HOP_PARTS)
+    return {"router_s": router, "engines_s": engines, "serving_s": router - engines,
+            "engine_hops_s": hops, "calls_and_router_s": router - engines - hops}
 
 
 def config_for_path(document: dict, path: str, config) -> dict:

@@ -123,7 +123,7 @@ class EngineHost:
         prompt_tokens = len(request.prompt_token_ids)
         self.stats.queued_prefill_tokens += prompt_tokens
         queued = True
-        last = time.monotonic()
+        last = called = time.monotonic()
         self._callers.track(request.request_id, request.caller)
         try:
             async for output in self._engine.generate(prompt, params, request.request_id,
@@ -132,6 +132,7 @@ class EngineHost:
                 if queued:
                     self.stats.queued_prefill_tokens -= prompt_tokens
                     queued = False
+                    self._observe_hops(output.metrics, called, now)
                     if self.stats.role == "prefill":  # this pool's share of TTFT
                         self.load.latency.observe(now, now - last)
                 elif self.stats.role == "decode":
@@ -144,6 +145,20 @@ class EngineHost:
             self._callers.untrack(request.request_id)
             if queued:
                 self.stats.queued_prefill_tokens -= prompt_tokens
+
+    def _observe_hops(self, metrics: Any, called: float, received: float) -> None:
+        """A request's way from this replica to its engine core and its first token's way
+        back: ``metrics`` is vLLM's ``RequestStateStats``, stamped by the engine core with
+        ``time.monotonic`` as ``called`` and ``received`` are (one clock for the host's
+        processes, and the engine core runs on this replica's host)."""
+        if metrics is None or not metrics.queued_ts or not metrics.first_token_ts:
+            return  # vLLM's stats off, or an output that came before the engine saw it
+        if self._tags is None:
+            return
+        self._counts.observe(m.ENGINE_PHASE, {**self._tags, "phase": "to_engine"},
+                             max(0.0, metrics.queued_ts - called))
+        self._counts.observe(m.ENGINE_PHASE, {**self._tags, "phase": "from_engine"},
+                             max(0.0, received - metrics.first_token_ts))
 
     async def wait_released(self, timeout_s: float, poll_s: float = 0.2) -> bool:
         """Wait until the engine holds no KV block and queues nothing (a prefill engine's
@@ -203,12 +218,13 @@ class EngineHost:
 
 def prefill_params(kv_transfer_params: Mapping[str, Any] | None):
     """A prompt pass for a remote decode engine: one discarded token, none of the request's
-    sampling (n, logprobs, grammars, penalties are the decode engine's business)."""
+    sampling (n, logprobs, grammars, penalties are the decode engine's business), and no
+    text for it (``detokenize=False``: AsyncLLM's output handler skips the detokenizer)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
     return SamplingParams(
-        max_tokens=1, n=1, output_kind=RequestOutputKind.FINAL_ONLY,
+        max_tokens=1, n=1, output_kind=RequestOutputKind.FINAL_ONLY, detokenize=False,
         extra_args=_kv_args(kv_transfer_params),
     )
 

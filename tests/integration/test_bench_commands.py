@@ -46,12 +46,19 @@ def test_overhead_times_vllm_and_each_pdserve_path_as_configured(tmp_path):
     for run in (local, split):  # every request's stages, and what its engines did
         assert run["stages"]["first_token"]["requests"] == 2
         assert run["stages"]["decode engine prefill"]["requests"] == 2
+        # and the decode replica's hops to its engine core and back, once per request
+        assert run["stages"]["decode replica to engine"]["requests"] == 2
+        assert run["stages"]["decode engine to replica"]["requests"] == 2
         assert engine_work.decode_prompt_tokens(run["engine_work"]) > 0
     # the disaggregated TTFT split between the engines and the serving around them
     owners = split["ttft_by_owner_s"]
     assert 0 < owners["engines_s"] < owners["router_s"]
+    assert split["stages"]["prefill replica to engine"]["requests"] == 2
+    assert split["stages"]["prefill engine to replica"]["requests"] == 2
+    assert 0 < owners["engine_hops_s"] < owners["serving_s"]
     # the decode-local path never touches the prefill pool or NIXL; the other always does
     assert "prefill" not in local["stages"]
+    assert "prefill replica to engine" not in local["stages"]
     assert local["engine_work"].get("kv bytes pulled", 0) == 0
     assert local["engine_work"].get("prefill prompt tokens computed", 0) == 0
     assert split["stages"]["prefill"]["requests"] == 2

@@ -61,6 +61,16 @@ def test_a_disaggregated_ttft_splits_into_the_engines_time_and_the_rest():
     assert share["router_s"] == pytest.approx(0.0566)
     assert share["engines_s"] == pytest.approx(0.020)
     assert share["serving_s"] == pytest.approx(0.0366)
+    assert share["engine_hops_s"] == 0  # replicas that time no hops: all is calls and router
+    assert share["calls_and_router_s"] == pytest.approx(0.0366)
+    hops = {"prefill replica to engine": 0.0012, "prefill engine to replica": 0.001,
+            "decode replica to engine": 0.0011, "decode engine to replica": 0.0009}
+    share = overhead.engine_share(
+        stages | {part: {"mean_s": mean, "requests": 4} for part, mean in hops.items()})
+    assert share["engines_s"] == pytest.approx(0.020)  # the hops are serving, not engine
+    assert share["serving_s"] == pytest.approx(0.0366)
+    assert share["engine_hops_s"] == pytest.approx(0.0042)
+    assert share["calls_and_router_s"] == pytest.approx(0.0324)
     assert overhead.engine_share({"render": stages["render"]}) is None  # decode-local
 
 

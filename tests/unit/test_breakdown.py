@@ -93,3 +93,18 @@ def test_the_engines_part_of_the_pool_stages_follows_the_stages():
     assert stages["prefill engine prefill"]["mean_s"] == pytest.approx(0.01)
     assert breakdown.answered({}, samples(text)) == 3  # engines' requests are not answers
     assert "of which in the engines" in breakdown.table(stages)
+
+
+def test_the_replicas_hops_to_their_engines_follow_the_engines_and_are_named_apart():
+    text = (scrape({"prefill": [0.05] * 2, "first_token": [0.04] * 2})
+            + engine_scrape("decode", "from_engine", [0.0012] * 2)
+            + engine_scrape("prefill", "prefill", [0.01] * 2)
+            + engine_scrape("prefill", "to_engine", [0.0014] * 2))
+    stages = breakdown.breakdown({}, samples(text))
+    assert list(stages) == ["prefill", "first_token", "prefill engine prefill",
+                            "prefill replica to engine", "decode engine to replica"]
+    assert stages["decode engine to replica"]["requests"] == 2
+    lines = breakdown.table(stages).splitlines()
+    heading = lines.index("  and between each replica and its engine:")
+    assert lines[heading + 1].split()[:4] == ["prefill", "replica", "to", "engine"]
+    assert lines.index("  of which in the engines:") < heading

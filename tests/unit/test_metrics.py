@@ -123,3 +123,16 @@ def test_gathered_counts_reach_the_counters_once_each_flush():
     ]
     counts.flush(recorder)  # nothing new: nothing added twice
     assert len(recorder.counted) == 2
+
+
+def test_gathered_observations_reach_the_histograms_in_order_once():
+    counts, recorder = m.Counts(), FakeRecorder()
+    tags = {"pool": "prefill", "version": "v1", "replica": "p0", "phase": "to_engine"}
+    for seconds in (0.0012, 0.0009):  # two requests' hops, on their way to a first token
+        counts.observe(m.ENGINE_PHASE, tags, seconds)
+    assert recorder.observed == []  # nothing recorded on the request's way
+    counts.flush(recorder)
+    assert recorder.observed == [("pdserve_engine_request_seconds", tags, 0.0012),
+                                 ("pdserve_engine_request_seconds", tags, 0.0009)]
+    counts.flush(recorder)
+    assert len(recorder.observed) == 2
