@@ -12,6 +12,11 @@ splits the wall time of ``generate``, from the call to the output, at the engine
 timestamps (the request's metrics; CLOCK_MONOTONIC, one clock for every process of the
 host): the way in (the call to the engine core queuing it), the engine's time (queued to
 first token) and the way back (the first token to the caller). Prints medians and p95s.
+
+The prompt goes in two forms, alternating, each timed on its own: ``rendered``, the
+``TokensInput`` (``vllm.inputs.tokens_input``) that vLLM's own server hands ``AsyncLLM`` and
+pdserve's replicas hand it since 2026-12-05, and ``raw``, the ``TokensPrompt`` they handed
+it before, which ``AsyncLLM`` renders on a thread of its renderer's pool first.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ async def measure(config, requests: int, prompt_tokens: int) -> list[dict[str, f
     from vllm import SamplingParams
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.inputs import TokensPrompt
+    from vllm.inputs.engine import tokens_input
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -41,18 +47,21 @@ async def measure(config, requests: int, prompt_tokens: int) -> list[dict[str, f
     params = SamplingParams(max_tokens=1, output_kind=RequestOutputKind.FINAL_ONLY)
     vocab = engine.vllm_config.model_config.get_vocab_size()
     rows = []
+    forms = {"rendered": tokens_input, "raw": lambda ids: TokensPrompt(prompt_token_ids=ids)}
     try:
-        for index in range(requests + 3):  # three to warm up; no two prompts share a block
-            prompt = TokensPrompt(prompt_token_ids=[(index * 7919 + k * 31) % (vocab - 10) + 10
-                                                    for k in range(prompt_tokens)])
+        for index in range(2 * requests + 6):  # six to warm up; no two prompts share a block
+            form = ("rendered", "raw")[index % 2]
+            prompt = forms[form]([(index * 7919 + k * 31) % (vocab - 10) + 10
+                                  for k in range(prompt_tokens)])
             called = time.monotonic()
             final = None
             async for output in engine.generate(prompt, params, f"round-trip-{index}"):
                 final = output
             returned = time.monotonic()
             metrics = final.metrics
-            if index >= 3 and metrics is not None and metrics.queued_ts:
+            if index >= 6 and metrics is not None and metrics.queued_ts:
                 rows.append({
+                    "form": form,
                     "wall_ms": (returned - called) * 1e3,
                     "way_in_ms": (metrics.queued_ts - called) * 1e3,
                     "engine_ms": (metrics.first_token_ts - metrics.queued_ts) * 1e3,
@@ -78,11 +87,17 @@ def main() -> int:
     rows = asyncio.run(measure(config, args.requests, args.prompt_tokens))
     if not rows:
         raise SystemExit("no request carried the engine's timestamps")
-    print(f"{len(rows)} requests of {args.prompt_tokens} prompt tokens, one token each")
-    print(f"  {'ms':<12}{'p50':>8}{'p95':>8}")
+    print(f"{len(rows)} requests of {args.prompt_tokens} prompt tokens, one token each, "
+          "the prompt's two forms alternating")
+    print(f"  {'ms, p50 (p95)':<14}{'rendered':>16}{'raw':>16}{'rendered / raw':>16}")
     for key in ("wall_ms", "way_in_ms", "engine_ms", "way_back_ms"):
-        values = sorted(row[key] for row in rows)
-        print(f"  {key[:-3]:<12}{percentile(values, 50):>8.2f}{percentile(values, 95):>8.2f}")
+        cells, medians = [], []
+        for form in ("rendered", "raw"):
+            values = sorted(row[key] for row in rows if row["form"] == form)
+            medians.append(percentile(values, 50))
+            cells.append(f"{medians[-1]:.2f} ({percentile(values, 95):.2f})")
+        ratio = f"{medians[0] / medians[1]:.2f}" if medians[1] else "-"
+        print(f"  {key[:-3]:<14}{cells[0]:>16}{cells[1]:>16}{ratio:>16}")
     if args.out is not None:
         args.out.write_text(json.dumps({"rows": rows}, indent=1))
     return 0

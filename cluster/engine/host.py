@@ -108,11 +108,14 @@ class EngineHost:
         vLLM's ``generate`` aborts on ``CancelledError``/``GeneratorExit``. A consumer that
         died (its router replica killed) cannot cancel: the caller watch aborts it.
         """
-        from vllm.inputs import TokensPrompt
+        from vllm.inputs.engine import tokens_input
 
         params = (prefill_params(kv_transfer_params) if prefill_only
                   else decode_params(request.sampling, kv_transfer_params))
-        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        # Already rendered, as vLLM's own server hands it over: AsyncLLM then queues it at
+        # once. A raw TokensPrompt would first be rendered on a thread of AsyncLLM's pool,
+        # a thread hop each way on every request (scripts/engine_round_trip.py).
+        prompt = tokens_input(list(request.prompt_token_ids))
         # Only the engine that samples the answer applies structured outputs after reasoning.
         reasoning = {} if prefill_only else {
             "reasoning_ended": request.reasoning_ended,
