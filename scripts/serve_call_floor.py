@@ -11,6 +11,10 @@ does nothing: unary (echo a payload the size of a short prompt's request) and st
 (the first item of a generator). What a pool stage costs beyond that floor and its engine
 is pdserve's (its replica's and vLLM's AsyncLLM's hand-offs); the floor itself is Serve's.
 Prints p50/p95 per kind and writes them to ``--out``.
+
+``--gap-ms``: wait that long after each call, as between the requests of a lightly loaded
+server (``pdserve bench overhead`` sends one at a time), so that each call finds the
+processes it crosses idle; the default, 0, times calls back to back.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--transport", choices=["grpc", "ray"], default="grpc")
+    parser.add_argument("--gap-ms", type=float, default=0.0,
+                        help="idle time after each call (default: none, back to back)")
     parser.add_argument("--out", type=Path, default=Path("bench-results/serve-call-floor.json"))
     args = parser.parse_args()
     os.environ.update(node_env(args.transport))  # before Ray and Serve are imported
@@ -52,16 +58,18 @@ def main() -> None:
         def __init__(self, echo):
             self._echo = echo.options(**GRPC_OPTIONS) if args.transport == "grpc" else echo
 
-        async def measure(self, calls: int) -> dict[str, list[float]]:
+        async def measure(self, calls: int, gap_s: float) -> dict[str, list[float]]:
             timings: dict[str, list[float]] = {"unary": [], "stream_first_item": []}
             for _ in range(calls):
                 started = time.perf_counter()
                 await self._echo.unary.remote(PAYLOAD)
                 timings["unary"].append(time.perf_counter() - started)
+                await asyncio.sleep(gap_s)
                 started = time.perf_counter()
                 async for _ in self._echo.options(stream=True).stream.remote(PAYLOAD):
                     timings["stream_first_item"].append(time.perf_counter() - started)
                     break
+                await asyncio.sleep(gap_s)
             return timings
 
     async def drive() -> dict[str, list[float]]:
@@ -69,8 +77,8 @@ def main() -> None:
         # driver's calls, and Serve's shutdown of its handles, run on one loop
         caller = serve.run(Caller.bind(Echo.bind()), name="floor", route_prefix=None)
         try:
-            await caller.measure.remote(20)  # warm: connections, code paths
-            return await caller.measure.remote(args.calls)
+            await caller.measure.remote(20, 0.0)  # warm: connections, code paths
+            return await caller.measure.remote(args.calls, args.gap_ms / 1000)
         finally:
             await serve.shutdown_async()
 
@@ -84,9 +92,10 @@ def main() -> None:
                for kind, values in timings.items()}
     for kind, row in summary.items():
         print(f"{kind:>18}: p50 {row['p50_ms']:.2f} ms, p95 {row['p95_ms']:.2f} ms "
-              f"({row['calls']} calls, {args.transport})")
+              f"({row['calls']} calls, {args.transport}, {args.gap_ms:g} ms apart)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"transport": args.transport, **summary}, indent=2))
+    args.out.write_text(json.dumps({"transport": args.transport, "gap_ms": args.gap_ms,
+                                    **summary}, indent=2))
 
 
 if __name__ == "__main__":
