@@ -131,7 +131,6 @@ class QuantizeSpec(StrictModel):
         "at run time (compressed-tensors' W8A8 preset; vLLM's CPU build runs it on any x86)")
 
 
-
 class Checkpoint(StrictModel):
     """Where a model version's weights and tokenizer are."""
 
@@ -339,8 +338,8 @@ class KVTransferConfig(StrictModel):
     )
     side_channel_base_port: int = Field(
         24600, ge=1024, le=65000, description="first NIXL side-channel port on each node; "
-        "the range (a span per pool) must stay clear of Ray's worker ports and of the "
-        "ephemeral ports outgoing connections take"
+        "the range (a span per pool) must stay clear of Ray's worker ports, Serve's "
+        "direct-ingress ports and the ephemeral ports outgoing connections take"
     )
     side_channel_port_span: int = Field(
         400, ge=1, description="ports tried above the base before giving up"
@@ -713,6 +712,17 @@ class RayConfig(StrictModel):
         return cores
 
 
+# Port ranges a host's other processes take ports from, at their defaults, and the room
+# they leave for side channels.
+_PORTS_TAKEN_BY_OTHERS = (
+    (10002, 19999, "Ray's worker ports (`ray start --min-worker-port/--max-worker-port`)"),
+    (30000, 31000, "Serve's direct-ingress HTTP ports (router.ingress: haproxy; "
+                   "RAY_SERVE_DIRECT_INGRESS_MIN/MAX_HTTP_PORT)"),
+    (32768, 60999, "the ephemeral ports of outgoing connections (Linux's ip_local_port_range)"),
+)
+_SIDE_CHANNEL_ROOM = "1024-10001, 20000-29999 or 31001-32767"
+
+
 class PDServeConfig(StrictModel):
     """The whole cluster.
 
@@ -832,19 +842,22 @@ class PDServeConfig(StrictModel):
 
     @model_validator(mode="after")
     def _side_channels_clear_of_other_listeners(self) -> PDServeConfig:
-        # Any Ray worker process may hold a port of Ray's worker range, and any outgoing
-        # connection one of the ephemeral range: an engine whose side-channel port is taken
-        # cannot start, found only when it tries (a flaky start, not an error at load).
+        # Any Ray worker process may hold a port of Ray's worker range, a router replica one
+        # of Serve's direct-ingress range, and any outgoing connection one of the ephemeral
+        # range: an engine whose side-channel port is taken cannot start, found only when
+        # it tries (a flaky start, not an error at load).
         kv = self.kv_transfer
+        pools, span = 2 * len(self.versions), kv.side_channel_port_span
         first = kv.side_channel_base_port
-        last = first + kv.side_channel_port_span * 2 * len(self.versions) - 1
+        last = first + span * pools - 1
         for low, high, whose in _PORTS_TAKEN_BY_OTHERS:
             if first <= high and low <= last:
                 raise ValueError(
                     f"kv_transfer.side_channel_base_port: the side-channel ports {first}-"
-                    f"{last} (a span of {kv.side_channel_port_span} per pool) overlap "
-                    f"{whose} ({low}-{high}); choose a base from 20000 so the range ends "
-                    f"below 32768 (the default is 24600)")
+                    f"{last} ({pools} pools of side_channel_port_span {span}) overlap "
+                    f"{whose} ({low}-{high}), where another process may "
+                    f"already listen; choose a base and span whose range lies within "
+                    f"{_SIDE_CHANNEL_ROOM} (the default base is 24600)")
         return self
 
     @model_validator(mode="after")
@@ -870,13 +883,6 @@ class PDServeConfig(StrictModel):
                                      f"over autoscaling.{role}'s: {problem}") from None
         return self
 
-
-# Port ranges a host's other processes take ports from, at their defaults.
-_PORTS_TAKEN_BY_OTHERS = (
-    (10002, 19999, "Ray's worker ports (`ray start --min-worker-port/--max-worker-port`)"),
-    (32768, 65535, "the ephemeral ports of outgoing connections (Linux's ip_local_port_range "
-                   "starts at 32768)"),
-)
 
 
 def _primary_model(versions: dict, served_models: Any) -> dict:

@@ -70,11 +70,12 @@ def build_dashboard(slo: SLOConfig) -> dict[str, Any]:
             "expr": f"sum by (pool, phase) (rate({m.ENGINE_PHASE.exported_name}_sum[{_RATE}])) "
                     f"/ sum by (pool, phase) "
                     f"(rate({m.ENGINE_PHASE.exported_name}_count[{_RATE}]))",
-            "legendFormat": "{{pool}} engine {{phase}}"}], "s",
+            "legendFormat": "{{pool}} {{phase}}"}], "s",
          "queued: arrival to first scheduled; prefill: scheduled to first token (on the "
          "decode pool the KV pull included). to_engine and from_engine: the replica's hop "
-         "to its engine core and the first token's way back (vLLM's AsyncLLM). The rest of "
-         "the prefill and first_token stages is Serve's calls and the router"),
+         "to its engine core (with the wait for a step in flight) and the first output's way "
+         "back (vLLM's AsyncLLM). The rest of the prefill and first_token stages is Serve's "
+         "calls, the routers and the replicas' own code"),
         ("End-to-end latency", _quantiles(m.E2E), "s", ""),
         ("Requests by outcome", [{
             "expr": f"sum by (outcome) (rate({m.REQUESTS.exported_name}[{_RATE}]))",

@@ -99,13 +99,14 @@ SPEC_TOKENS = MetricSpec("pdserve_spec_decode_tokens_total", "counter",
                         "and accepted; accepted / drafted is the acceptance rate",
                         (*POOL_TAGS, "kind"))
 ENGINE_PHASE = MetricSpec("pdserve_engine_request_seconds", "histogram",
-                          "Engine time of each finished request by phase: queued (arrival "
-                          "to first scheduled) and prefill (scheduled to first token; on "
-                          "the decode pool the KV pull included): the engines' part of "
-                          "the router's prefill and first_token stages; and the hops "
-                          "around them in the replica: to_engine (the replica's call to the "
-                          "engine core queuing the request) and from_engine (the engine's "
-                          "first token to the replica holding it)",
+                          "Each request's time by phase: in the engine, recorded when it "
+                          "finishes, queued (arrival to first scheduled) and prefill "
+                          "(scheduled to first token; on the decode pool the KV pull "
+                          "included), the engines' part of the router's prefill and "
+                          "first_token stages; around the engine, recorded at the first "
+                          "output, to_engine (the replica's call to the engine core queuing "
+                          "the request, which waits for a step in flight) and from_engine "
+                          "(the engine's output to the replica holding it)",
                           (*POOL_TAGS, "phase"), STAGE_BUCKETS)
 
 # --- KV transfer (recorded by the decode engines that pull) ----------------------------

@@ -6,8 +6,8 @@ prefilled there (``pdserve_engine_request_seconds``, keyed here "<pool> engine <
 the engines' part of the router's ``prefill`` and ``first_token`` stages, the rest being
 hops between processes. Of those hops the replicas time the ones to and from their engine
 core (the same histogram's phases ``to_engine`` and ``from_engine``, keyed "<pool> replica
-to engine" and "<pool> engine to replica"); what is left is Serve's calls and the
-router's own work. A benchmark scrapes the Prometheus text before and after its run; the
+to engine" and "<pool> engine to replica"); what is left is Serve's calls, the routers
+and the replicas' own code. A benchmark scrapes the Prometheus text before and after its run; the
 difference is that run's requests alone, whatever ran before. Quantiles are read from the
 bucket counts the way Prometheus's ``histogram_quantile`` does (linear within a bucket).
 Means are approximate too: Ray's metrics exporter rebuilds a histogram's sum from the

@@ -667,9 +667,9 @@ def _overhead(args) -> int:
         if share:
             print(f"  {setup}: router's part of the TTFT {share['router_s'] * 1000:.1f} ms "
                   f"= engines {share['engines_s'] * 1000:.1f} + serving "
-                  f"{share['serving_s'] * 1000:.1f} (replica-engine hops "
-                  f"{share['engine_hops_s'] * 1000:.1f}, Serve's calls and the router "
-                  f"{share['calls_and_router_s'] * 1000:.1f}) (means)")
+                  f"{share['serving_s'] * 1000:.1f}: hops between replicas and engines "
+                  f"{share['engine_hops_s'] * 1000:.1f}, the rest (Serve's calls, routers, "
+                  f"replica code) {share['calls_and_router_s'] * 1000:.1f}; means")
         for role in ("router", "proxy", "decode replica"):
             capacity = overhead.relay_capacity(run, role)
             if setup != "vllm" and capacity:

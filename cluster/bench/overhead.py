@@ -137,7 +137,8 @@ def engine_share(stages: dict[str, dict[str, float]] | None) -> dict[str, float]
     KV and computing the first token), and the rest, pdserve's (render, admission,
     routing and the hops between processes, and the proxy's, which the router cannot
     see and is not in here). The serving part is split once more: the replicas' hops to
-    their engine cores and back, and the rest (Serve's calls, the router's own work)."""
+    their engine cores and back, and the rest (Serve's calls, the routers, the replicas'
+    own code)."""
     if not stages or "prefill" not in stages:
         return None
     mean = {stage: row["mean_s"] for stage, row in stages.items()}

@@ -36,7 +36,7 @@ SERVING_LINE = "serve-llm: serving"
 DEFAULT_PORT = 8600
 APP_NAME = "serve-llm-pd"
 # NIXL side-channel ports outside pdserve's ranges (base + span from 23600/24600/26600/
-# 28600/29600) and Ray Serve LLM's defaults (20000, 22000), so the app can run next to a
+# 28600/31100) and Ray Serve LLM's defaults (20000, 22000), so the app can run next to a
 # pdserve cluster; like them, above Ray's worker ports (10002-19999).
 SIDE_CHANNEL_PORTS: dict[Role, int] = {"prefill": 21600, "decode": 21700}
 

@@ -48,10 +48,14 @@ class EngineHost:
                              name="pdserve-gauges", daemon=True).start()
 
     def _publish(self, recorder: m.Recorder, tags: dict[str, str]) -> None:
-        """The engine's gauges and the counts its steps gathered, every ENGINE_PUBLISH_S."""
+        """The engine's gauges and the counts its steps gathered, every ENGINE_PUBLISH_S.
+        A failed round is logged and the next one tried: the counts must not pile up."""
         while not self._stop.wait(m.ENGINE_PUBLISH_S):
-            self._counts.flush(recorder)
-            _publish_gauges(recorder, tags, self.stats)
+            try:
+                self._counts.flush(recorder)
+                _publish_gauges(recorder, tags, self.stats)
+            except Exception:
+                logger.exception("publishing the engine's metrics failed; trying again")
         self._counts.flush(recorder)
 
     @classmethod
@@ -150,18 +154,23 @@ class EngineHost:
                 self.stats.queued_prefill_tokens -= prompt_tokens
 
     def _observe_hops(self, metrics: Any, called: float, received: float) -> None:
-        """A request's way from this replica to its engine core and its first token's way
+        """A request's way from this replica to its engine core and its first output's way
         back: ``metrics`` is vLLM's ``RequestStateStats``, stamped by the engine core with
         ``time.monotonic`` as ``called`` and ``received`` are (one clock for the host's
-        processes, and the engine core runs on this replica's host)."""
-        if metrics is None or not metrics.queued_ts or not metrics.first_token_ts:
-            return  # vLLM's stats off, or an output that came before the engine saw it
-        if self._tags is None:
-            return
+        processes, and the engine core runs on this replica's host).
+
+        The way back is timed from the engine output that carried the output's last token
+        (``last_token_ts``): the first token for a stream's first delta, the last one for an
+        answer sent in one piece (a unary request, the prefill pass).
+        """
+        if metrics is None or not metrics.queued_ts or not metrics.last_token_ts:
+            return  # an output that came before the engine saw the request (an abort)
+        if self._recorder is None or self._tags is None:
+            return  # nothing would flush them
         self._counts.observe(m.ENGINE_PHASE, {**self._tags, "phase": "to_engine"},
                              max(0.0, metrics.queued_ts - called))
         self._counts.observe(m.ENGINE_PHASE, {**self._tags, "phase": "from_engine"},
-                             max(0.0, received - metrics.first_token_ts))
+                             max(0.0, received - metrics.last_token_ts))
 
     async def wait_released(self, timeout_s: float, poll_s: float = 0.2) -> bool:
         """Wait until the engine holds no KV block and queues nothing (a prefill engine's

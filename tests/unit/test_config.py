@@ -177,7 +177,8 @@ def test_tiny_model_heads_must_divide():
 @pytest.mark.parametrize(("base", "span", "clash"), [
     (15600, 400, "Ray's worker ports"),       # the old default: inside 10002-19999
     (9800, 200, "Ray's worker ports"),        # 9800-10199 ends inside it
-    (32000, 400, "ephemeral ports"),          # 32000-33599 runs into 32768
+    (32000, 400, "ephemeral ports"),          # 32000-32799 runs into 32768
+    (29600, 400, "direct-ingress HTTP ports"),  # 29600-30399: a router replica's 30000
 ])
 def test_side_channel_ports_stay_clear_of_ray_workers_and_outgoing_connections(
         base, span, clash):
