@@ -884,7 +884,6 @@ class PDServeConfig(StrictModel):
         return self
 
 
-
 def _primary_model(versions: dict, served_models: Any) -> dict:
     """The derived ``model`` of a multi-version config: first served name, heaviest version."""
     if not isinstance(served_models, dict) or not served_models:
