@@ -202,8 +202,10 @@ class EngineConfig(StrictModel):
     step_wait: Literal["auto", "spin", "sleep"] = Field(
         "auto", description="how an engine's scheduler and worker processes wait for each "
         "other's step: vLLM spins (`spin`, fine where host cores are spare), `sleep` polls "
-        "with 0.1 ms sleeps and leaves the core to the process computing (CPU nodes); "
-        "`auto`: sleep on pools without GPUs (cluster/engine/vllm_plugin.py)",
+        "with 0.1 ms sleeps and leaves the core to the process computing (CPU nodes), and "
+        "drops the engine core's 1 ms pause after a step without a model run when a "
+        "request's KV has arrived; `auto`: sleep on pools without GPUs "
+        "(cluster/engine/vllm_plugin.py)",
     )
     scheduler_nice: int | Literal["auto"] | None = Field(
         "auto", ge=-20, le=19, description="the nice value of each engine's scheduler "

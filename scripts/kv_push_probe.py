@@ -11,7 +11,15 @@ answer is checked against the decode engine's own, computed without a transfer.
     .venv/bin/python scripts/kv_push_probe.py --config ray_configs/bench.yaml --rounds 2
 
 Prints per round and mode the median time, whether every answer matched, and the decode
-engine's mean queued time from vLLM's own metrics (the wait for the KV).
+engine's mean queued time over the timed requests, from vLLM's own metrics (the wait for
+the KV). ``--modes`` picks and orders the modes; ``pull-vllm-wait`` is ``pull`` with
+vLLM's 1 ms wait after an empty engine step kept (``PDSERVE_EMPTY_STEP_SLEEP=vllm``,
+cluster/engine/vllm_plugin.py), so
+
+    .venv/bin/python scripts/kv_push_probe.py --modes pull-vllm-wait,pull --rounds 3 --requests 30
+
+compares the decode engine's wait for its KV with and without it, alternating; the last
+lines give each mode's medians over the rounds and their ratio to the first mode's.
 """
 
 from __future__ import annotations
@@ -30,10 +38,13 @@ from cluster import processes
 from cluster.bench.cli import REPO
 from cluster.config import PDServeConfig, load_config
 from cluster.engine.args import CPU_BIND_ENV, engine_env
+from cluster.engine.vllm_plugin import EMPTY_STEP_SLEEP_ENV
 from kv_transfer.connector import connector_config
 from kv_transfer.handle import prefill_request_params
 
-CONNECTORS = {"pull": "NixlConnector", "push": "NixlPushConnector"}
+CONNECTORS = {"pull": "NixlConnector", "push": "NixlPushConnector",
+              "pull-vllm-wait": "NixlConnector"}
+MODE_ENV = {"pull-vllm-wait": {EMPTY_STEP_SLEEP_ENV: "vllm"}}
 PORTS = {"prefill": 8401, "decode": 8402}
 SIDE_CHANNEL_PORTS = {"prefill": 5700, "decode": 5710}
 PROMPT = "def fibonacci(n):\n    " * 40
@@ -44,17 +55,36 @@ def main() -> int:
     parser.add_argument("--config", type=Path, default=Path("ray_configs/bench.yaml"))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--requests", type=int, default=12)
+    parser.add_argument("--modes", default="pull,push",
+                        help=f"comma-separated, in order, from {', '.join(CONNECTORS)}")
     parser.add_argument("--out", type=Path, default=Path("bench-results/kv-push-probe"))
     args = parser.parse_args()
+    modes = args.modes.split(",")
+    if unknown := set(modes) - set(CONNECTORS):
+        parser.error(f"unknown modes {sorted(unknown)}; known: {', '.join(CONNECTORS)}")
     config = load_config(args.config)
     results = []
     for round_number in range(args.rounds):
-        for mode in CONNECTORS:
+        for mode in modes:
             result = run_mode(config, mode, args.requests, args.out / f"{mode}-{round_number}")
             results.append({"round": round_number, "mode": mode, **result})
             print(json.dumps(results[-1]), flush=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    summary = summarize(results, modes)
+    for line in summary:
+        print(json.dumps(line), flush=True)
+    (args.out / "results.json").write_text(json.dumps(
+        {"rounds": results, "summary": summary}, indent=1))
     return 0
+
+
+def summarize(results: list[dict], modes: list[str]) -> list[dict]:
+    """Each mode's medians over the rounds, and their ratios to the first mode's."""
+    medians = {mode: {key: statistics.median(r[key] for r in results if r["mode"] == mode)
+                      for key in ("median_ms", "decode_queued_mean_ms")} for mode in modes}
+    base = medians[modes[0]]
+    return [{"mode": mode, **{key: round(value, 2) for key, value in medians[mode].items()},
+             **{f"{key}_ratio": round(value / base[key], 3) for key, value in
+                medians[mode].items()}} for mode in modes]
 
 
 def run_mode(config: PDServeConfig, mode: str, requests: int, out: Path) -> dict:
@@ -64,14 +94,17 @@ def run_mode(config: PDServeConfig, mode: str, requests: int, out: Path) -> dict
         body = {"model": config.model.name, "prompt": PROMPT, "max_tokens": 1,
                 "temperature": 0}
         alone = _text(httpx.post(f"{decode.base_url}/v1/completions", json=body, timeout=60))
+        one_request(mode, prefill.base_url, decode.base_url, body)  # pays the NIXL handshake
+        queued_before = _queue_time_totals(decode.base_url)
         times, matched = [], 0
-        for index in range(requests + 1):  # the first pays the NIXL handshake: not counted
+        for _ in range(requests):
             started = time.perf_counter()
             answer = one_request(mode, prefill.base_url, decode.base_url, body)
-            if index:
-                times.append((time.perf_counter() - started) * 1000)
-                matched += answer == alone
-        queued_ms = _mean_queue_ms(decode.base_url)
+            times.append((time.perf_counter() - started) * 1000)
+            matched += answer == alone
+        queued_s, counted = (after - before for after, before in
+                             zip(_queue_time_totals(decode.base_url), queued_before, strict=True))
+        queued_ms = 1000 * queued_s / counted if counted else float("nan")
     return {"median_ms": round(statistics.median(times), 1), "matched": matched,
             "requests": requests, "decode_queued_mean_ms": round(queued_ms, 2)}
 
@@ -82,7 +115,8 @@ def start_engine(config: PDServeConfig, role: str, mode: str,
     flags = ("--kv-transfer-config", json.dumps(connector_config(
         role, f"{role}-probe", connector=CONNECTORS[mode],
         buffer_device=config.kv_transfer.buffer_device, lease_s=config.kv_transfer.lease_s)))
-    env = engine_env(config, role, "127.0.0.1", SIDE_CHANNEL_PORTS[role])
+    env = {**engine_env(config, role, "127.0.0.1", SIDE_CHANNEL_PORTS[role]),
+           **MODE_ENV.get(mode, {})}
     return processes.start_vllm_server(
         config, PORTS[role], out / "logs", REPO, name=f"{role}-{mode}", role=role,
         cpu_bind=pool.env.get(CPU_BIND_ENV), extra_flags=flags, extra_env=env)
@@ -93,7 +127,7 @@ def one_request(mode: str, prefill: str, decode: str, body: dict) -> str:
     request_id = uuid.uuid4().hex
     headers = {"X-Request-Id": request_id}
     prefill_body = {**body, "kv_transfer_params": prefill_request_params()}
-    if mode == "pull":
+    if mode != "push":
         made = httpx.post(f"{prefill}/v1/completions", json=prefill_body, headers=headers,
                           timeout=60).json()
         decode_body = {**body, "kv_transfer_params": made["kv_transfer_params"]}
@@ -120,15 +154,15 @@ def _text(response: httpx.Response) -> str:
     return response.json()["choices"][0]["text"]
 
 
-def _mean_queue_ms(base_url: str) -> float:
-    """vLLM's mean queued time of the server's requests, in ms."""
+def _queue_time_totals(base_url: str) -> tuple[float, float]:
+    """vLLM's queued time of the server's requests so far: seconds in all, and requests."""
     total = count = 0.0
     for line in httpx.get(f"{base_url}/metrics", timeout=10).text.splitlines():
         if line.startswith("vllm:request_queue_time_seconds_sum"):
             total += float(line.split()[-1])
         elif line.startswith("vllm:request_queue_time_seconds_count"):
             count += float(line.split()[-1])
-    return 1000 * total / count if count else float("nan")
+    return total, count
 
 
 if __name__ == "__main__":

@@ -15,6 +15,18 @@ each turn of the loop is a sleep of ``SLEEP_S`` instead: the waiting process lea
 core, and sees a message at most that much later (about 1% of a step here). vLLM's own
 idle mode (after the second of spinning) is unchanged.
 
+The same setting drops the engine core's own wait after a step that ran no model while
+requests remain (1 ms in vLLM 0.32, "to allow background transfer threads to make
+progress") when the scheduler holds a request whose KV has arrived. That is the step a
+decode engine runs for a disaggregated request alone on it: the step issues the KV pull,
+and a pull from a same-host engine (a copy, kv_transfer/shared_kv.py) has finished when
+the step does, so the request sat out the whole millisecond before the step that computes
+it. A zero sleep still yields the GIL. The wait is kept in every other case: shortened
+always, it let a prefill engine holding KV for its reader spin empty steps on cores the
+serving shares, and the disaggregated requests got slower (docs/benchmarks.md, "The
+decode engine's wait for its KV"). ``PDSERVE_EMPTY_STEP_SLEEP=vllm`` keeps vLLM's wait
+(a comparison's baseline, or a way out should a vLLM release change that loop).
+
 ``PDSERVE_SCHEDULER_NICE=N`` (``engine.scheduler_nice``): the engine core runs at nice N,
 its worker at the nice the engine was started with. Every step waits for the engine core,
 and on a CPU node it shares its cores with the serving processes (router, proxy,
@@ -30,9 +42,12 @@ import multiprocessing
 import os
 
 WAIT_ENV = "PDSERVE_ENGINE_WAIT"
+EMPTY_STEP_SLEEP_ENV = "PDSERVE_EMPTY_STEP_SLEEP"
 NICE_ENV = "PDSERVE_SCHEDULER_NICE"
 _BASE_NICE_ENV = "PDSERVE_BASE_NICE"  # the engine's nice before its core raised it
 SLEEP_S = 100e-6
+# vLLM 0.32's EngineCoreProc._process_engine_step: its sleep after a step with no model run.
+VLLM_EMPTY_STEP_SLEEP_S = 0.001
 
 logger = logging.getLogger("vllm.pdserve")  # vLLM's handlers print it in the engine logs
 
@@ -41,6 +56,9 @@ def register() -> None:
     """Entry point (``vllm.general_plugins``); idempotent, runs in every vLLM process."""
     if os.environ.get(WAIT_ENV) == "sleep":
         _sleep_while_waiting()
+        if (multiprocessing.current_process().name.startswith("EngineCore")
+                and os.environ.get(EMPTY_STEP_SLEEP_ENV) != "vllm"):
+            _skip_empty_step_sleep_once_kv_arrived()
     if os.environ.get(NICE_ENV) is not None:
         _set_priority(multiprocessing.current_process().name)
 
@@ -51,6 +69,43 @@ def _sleep_while_waiting() -> None:
     from vllm.distributed.device_communicators import shm_broadcast
 
     shm_broadcast.sched_yield = lambda: time.sleep(SLEEP_S)
+
+
+def _skip_empty_step_sleep_once_kv_arrived() -> None:
+    from vllm.v1.engine import core
+
+    original = core.EngineCoreProc._process_engine_step
+    if getattr(original, "_pdserve_wrapped", False):
+        return
+    clock = EngineCoreClock(core.time)
+    core.time = clock
+
+    def process_engine_step(self):
+        clock.scheduler = self.scheduler
+        return original(self)
+
+    process_engine_step._pdserve_wrapped = True
+    core.EngineCoreProc._process_engine_step = process_engine_step
+
+
+class EngineCoreClock:
+    """The ``time`` module as vLLM's engine core module sees it, but for one sleep: the
+    one after a step with no model run (``VLLM_EMPTY_STEP_SLEEP_S``) only yields the GIL
+    when the scheduler holds a request whose KV has arrived (it computes next step). Any
+    other use passes through to ``time``."""
+
+    def __init__(self, time_module) -> None:
+        self._time = time_module
+        self.scheduler = None
+
+    def __getattr__(self, name: str):
+        return getattr(self._time, name)
+
+    def sleep(self, seconds: float) -> None:
+        if seconds == VLLM_EMPTY_STEP_SLEEP_S and getattr(
+                self.scheduler, "finished_recving_kv_req_ids", None):
+            seconds = 0
+        self._time.sleep(seconds)
 
 
 def _set_priority(process_name: str) -> None:

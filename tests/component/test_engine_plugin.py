@@ -5,6 +5,10 @@ whose reader spins while it waits. A reader in a child process, loaded with vLLM
 general plugins as an engine process is, waits half a second for a message: with
 ``PDSERVE_ENGINE_WAIT=sleep`` it leaves the core (a small fraction of the CPU time the
 spinning reader burns in the same wait) and still receives the message.
+
+The same setting makes vLLM's engine core skip its 1 ms wait after a step that ran no
+model when a request's KV has arrived: vLLM's own loop body runs on a stand-in engine
+core, and the sleeps it makes are recorded.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import time
 
 import pytest
 
-from cluster.engine.vllm_plugin import WAIT_ENV
+from cluster.engine.vllm_plugin import EMPTY_STEP_SLEEP_ENV, VLLM_EMPTY_STEP_SLEEP_S, WAIT_ENV
 
 WAIT_S = 0.5
 
@@ -58,9 +62,13 @@ def reader_cpu_seconds(wait: str | None) -> float:
         assert message == "second"
         return cpu_s
     finally:
-        process.join(30)
-        if process.is_alive():
-            process.kill()
+        _stop(process)
+
+
+def _stop(process) -> None:
+    process.join(30)
+    if process.is_alive():
+        process.kill()
 
 
 @pytest.mark.timeout(300)
@@ -75,3 +83,64 @@ def test_a_sleeping_reader_leaves_the_core_a_spinning_one_takes():
     # that a loaded machine narrows.
     assert sleeping < 0.25 * WAIT_S, f"the sleeping reader took {sleeping:.3f} s of CPU"
     assert sleeping < spinning / 2, (sleeping, spinning)
+
+
+# -- the engine core's sleep after a step that ran no model ---------------------------------
+
+def _engine_core_sleeps(wait: str | None, kv_arrived: bool, model_ran: bool,
+                        empty_step_sleep: str | None, conn) -> None:
+    """In a process named as vLLM names its engine core: load the general plugins, run
+    vLLM's own ``EngineCoreProc._process_engine_step`` once on a stand-in engine core
+    whose scheduler still holds a request, and send back the sleeps it made."""
+    import types
+
+    if wait is None:
+        os.environ.pop(WAIT_ENV, None)
+    else:
+        os.environ[WAIT_ENV] = wait
+    if empty_step_sleep is not None:
+        os.environ[EMPTY_STEP_SLEEP_ENV] = empty_step_sleep
+    from vllm.plugins import load_general_plugins
+    from vllm.v1.engine.core import EngineCoreProc
+
+    load_general_plugins()
+    slept = []
+    time.sleep = slept.append  # the time module vLLM's engine core module sleeps with
+    scheduler = types.SimpleNamespace(
+        has_requests=lambda: True,
+        finished_recving_kv_req_ids={"request-0"} if kv_arrived else set())
+    engine_core = types.SimpleNamespace(
+        step_fn=lambda: ({}, model_ran), output_queue=None, post_step=lambda ran: None,
+        scheduler=scheduler)
+    EngineCoreProc._process_engine_step(engine_core)
+    conn.send(slept)
+
+
+def engine_core_sleeps(wait: str | None, *, kv_arrived: bool, model_ran: bool = False,
+                       empty_step_sleep: str | None = None) -> list[float]:
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    process = ctx.Process(target=_engine_core_sleeps, name="EngineCore_DP0",
+                          args=(wait, kv_arrived, model_ran, empty_step_sleep, child))
+    process.start()
+    try:
+        assert parent.poll(120), "the engine core stand-in never answered"
+        return parent.recv()
+    finally:
+        _stop(process)
+
+
+@pytest.mark.timeout(300)
+def test_an_engine_core_whose_request_got_its_kv_steps_again_without_sleeping():
+    # vLLM sleeps 1 ms after a step that ran no model while requests remain; a request
+    # whose KV arrived in that step is computed in the next one, so its wait is skipped
+    # (a zero sleep still yields the GIL).
+    assert engine_core_sleeps("sleep", kv_arrived=True) == [0]
+    # Still waiting for a transfer (or a prefill engine waiting for its KV to be read):
+    # vLLM's pacing is kept, so empty steps do not spin.
+    assert engine_core_sleeps("sleep", kv_arrived=False) == [VLLM_EMPTY_STEP_SLEEP_S]
+    assert engine_core_sleeps("sleep", kv_arrived=True, model_ran=True) == []
+    # Without the setting, or told to keep vLLM's wait, the plugin leaves the loop as is.
+    assert engine_core_sleeps(None, kv_arrived=True) == [VLLM_EMPTY_STEP_SLEEP_S]
+    assert engine_core_sleeps("sleep", kv_arrived=True, empty_step_sleep="vllm") == [
+        VLLM_EMPTY_STEP_SLEEP_S]
