@@ -53,6 +53,7 @@ from router.lifecycle import RequestLifecycle
 from router.limits import check_body, check_declared_size, check_received_size
 from router.pool_view import known_replicas, other_routers
 from router.protocol import refuse_not_honoured
+from router.proxy_edge import PreloadedBody
 from router.response_cache import cache_store
 from router.retry import RetryPolicy
 from router.sse import line_safe
@@ -70,6 +71,7 @@ from router.vllm_frontend import (
 logger = logging.getLogger(__name__)
 
 app = FastAPI(title="pdserve", docs_url=None, redoc_url=None)
+app.add_middleware(PreloadedBody)  # a body sent ahead in the scope, see its docstring
 # What vLLM's exception handlers, which the router reuses, read of their app.
 app.state.args = SimpleNamespace(log_error_stack=False)
 

@@ -1,5 +1,6 @@
-"""What Serve's proxy answers by itself reaches clients as OpenAI errors
-(router/proxy_edge.py), driven with stand-in ASGI apps for the proxy."""
+"""What Serve's proxy answers by itself reaches clients as OpenAI errors, and a request's
+body travels to the router inside its scope (router/proxy_edge.py), driven with stand-in
+ASGI apps for the proxy and the router."""
 
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ import asyncio
 import json
 
 from router.proxy_edge import (
+    PRELOAD_MAX_BYTES,
+    PRELOADED_BODY,
     PROXY_CALLBACK,
     PROXY_CALLBACK_ENV,
+    PreloadedBody,
     ProxyEdge,
+    preload_body,
     proxy_env,
     without_proxy_hints,
 )
@@ -130,3 +135,143 @@ def test_a_client_cannot_lift_the_proxys_timeout_or_disconnect_handling():
     assert seen["headers"] == [(b"authorization", b"Bearer k")]
     plain = {"type": "http", "headers": [(b"authorization", b"Bearer k")]}
     assert without_proxy_hints(plain) is plain
+
+
+# -- a request's body sent ahead in the scope ------------------------------------------------
+
+DISCONNECT = {"type": "http.disconnect"}
+
+
+def request(data: bytes, more: bool = False) -> dict:
+    return {"type": "http.request", "body": data, "more_body": more}
+
+
+def client(*messages):
+    """A client's receive that gives ``messages``, then its disconnect for ever; the
+    messages it gave are counted in ``given``."""
+    pending = list(messages)
+
+    async def receive():
+        receive.given += 1
+        return pending.pop(0) if pending else DISCONNECT
+    receive.given = 0
+    return receive
+
+
+def through_the_proxy(scope: dict, receive, reads: int) -> tuple[dict, list[dict]]:
+    """The scope and the first ``reads`` messages a stand-in for Serve's proxy app gets
+    from ``ProxyEdge``."""
+    seen: dict = {}
+
+    async def proxy_app(scope, receive, send):
+        seen["scope"] = scope
+        seen["messages"] = [await receive() for _ in range(reads)]
+        await send(start(200, b"application/json"))
+        await send(body(b"{}"))
+
+    async def send(message):
+        pass
+
+    asyncio.run(ProxyEdge(proxy_app)(scope, receive, send))
+    return seen["scope"], seen["messages"]
+
+
+def post(*headers) -> dict:
+    return {"type": "http", "method": "POST", "headers": list(headers)}
+
+
+def test_a_posts_body_travels_in_the_scope_and_the_proxy_still_reads_it_all():
+    sent = [request(b'{"model": ', more=True), request(b'"m"}')]
+    scope, messages = through_the_proxy(post(), client(*sent), reads=3)
+    assert scope[PRELOADED_BODY] == b'{"model": "m"}'
+    # Serve's proxy queues what it reads for the replica: the same messages, in order.
+    assert messages == [*sent, DISCONNECT]
+
+
+def test_a_body_declared_longer_than_the_limit_is_not_read_ahead():
+    receive = client(request(b"x"))
+    declared = (b"content-length", str(PRELOAD_MAX_BYTES + 1).encode())
+
+    async def proxy_app(scope, receive_, send):
+        assert receive.given == 0, "the body was read before the proxy got the request"
+        assert PRELOADED_BODY not in scope
+        await send(start(200, b"application/json"))
+        await send(body(b"{}"))
+
+    async def send(message):
+        pass
+
+    asyncio.run(ProxyEdge(proxy_app)(post(declared), receive, send))
+
+
+def test_a_body_found_longer_than_the_limit_is_passed_on_as_it_came():
+    sent = [request(b"abc", more=True), request(b"def", more=True), request(b"g")]
+    scope, replay = asyncio.run(preload_body(post(), client(*sent), limit=4))
+    assert PRELOADED_BODY not in scope
+    assert asyncio.run(_read(replay, 4)) == [*sent, DISCONNECT]
+
+
+def test_a_client_that_leaves_mid_body_sends_no_body_ahead():
+    sent = [request(b"abc", more=True), DISCONNECT]
+    scope, replay = asyncio.run(preload_body(post(), client(*sent)))
+    assert PRELOADED_BODY not in scope
+    assert asyncio.run(_read(replay, 2)) == sent
+
+
+def test_only_a_post_is_read_ahead():
+    scope, messages = through_the_proxy({"type": "http", "method": "GET", "headers": []},
+                                        client(request(b"")), reads=1)
+    assert PRELOADED_BODY not in scope and messages == [request(b"")]
+
+
+def test_the_router_takes_the_body_from_the_scope_then_only_the_disconnect():
+    # Behind it, Serve's receive hands the proxy's queued body over once more.
+    behind = client(request(b"queued copy", more=True), request(b""))
+    got: list[dict] = []
+
+    async def router_app(scope, receive, send):
+        got.extend([await receive(), await receive()])
+
+    scope = {**post(), PRELOADED_BODY: b'{"model": "m"}'}
+    asyncio.run(PreloadedBody(router_app)(scope, behind, None))
+    assert got == [request(b'{"model": "m"}'), DISCONNECT]
+
+
+def test_the_router_reads_a_body_not_sent_ahead_as_before():
+    sent = [request(b"abc", more=True), request(b"def")]
+    got: list[dict] = []
+
+    async def router_app(scope, receive, send):
+        got.extend([await receive(), await receive()])
+
+    asyncio.run(PreloadedBody(router_app)(post(), client(*sent), None))
+    assert got == sent
+
+
+async def _read(receive, count: int) -> list[dict]:
+    return [await receive() for _ in range(count)]
+
+
+def test_a_slow_upload_is_passed_on_without_waiting_for_its_body():
+    # The client sent its headers and the first part of its body, the rest later: the
+    # request goes on after the wait, and the app still reads every part, in order.
+    more = asyncio.Event()
+
+    async def slow_client():
+        slow_client.calls += 1
+        if slow_client.calls == 1:
+            return request(b"abc", more=True)
+        if slow_client.calls == 2:
+            await more.wait()
+            return request(b"def")
+        return DISCONNECT
+    slow_client.calls = 0
+
+    async def scenario():
+        # Returns while the body's second part has not been sent (``more`` is unset).
+        scope, replay = await preload_body(post(), slow_client, wait_s=0.01)
+        assert PRELOADED_BODY not in scope
+        more.set()
+        return [await replay(), await replay(), await replay()]
+
+    assert asyncio.run(scenario()) == [request(b"abc", more=True), request(b"def"), DISCONNECT]
