@@ -136,16 +136,21 @@ async def preload_body(scope: dict[str, Any], receive: Any, limit: int = PRELOAD
                        wait_s: float = PRELOAD_WAIT_S) -> tuple[dict[str, Any], Any]:
     """``scope`` with the whole body under ``PRELOADED_BODY`` when it is at most
     ``limit`` bytes and has arrived within ``wait_s``, and a receive that gives the app
-    what was read, then the client's own messages. A body declared longer is not read;
-    one found longer, or still arriving after ``wait_s``, is passed on as it comes (the
-    app reads the rest under its own timeouts)."""
+    what was read, then the client's own messages. A body declared longer is not read.
+    One still arriving after ``wait_s`` goes on without it: the app starts, under its own
+    timeouts, and its receive waits until the reading is over (the body's end, ``limit``
+    bytes, or the client gone); what is read beyond ``limit`` comes as it arrives."""
     import asyncio  # here: cluster/serve_env.py (pure) imports this module's names
 
     declared = declared_length(scope)
     if declared is not None and declared > limit:
         return scope, receive
     reading = asyncio.ensure_future(_read_body(receive, limit))
-    done, _ = await asyncio.wait({reading}, timeout=wait_s)
+    try:
+        done, _ = await asyncio.wait({reading}, timeout=wait_s)
+    except asyncio.CancelledError:  # the request was dropped (a shutdown): so is its read
+        reading.cancel()
+        raise
     body = reading.result()[1] if done else None
     if body is not None:
         scope = {**scope, PRELOADED_BODY: body}
