@@ -21,16 +21,22 @@ def payload_too_large(limit_bytes: int) -> APIError:
                     "invalid_request_error", None, "request_too_large")
 
 
+def declared_length(content_length: str | bytes | None) -> int | None:
+    """The body length a ``Content-Length`` value declares; None when it is missing or
+    malformed (the reader then counts as it reads)."""
+    if content_length is None:
+        return None
+    try:
+        return int(content_length)
+    except ValueError:
+        return None
+
+
 def check_declared_size(content_length: str | None, limit_bytes: int) -> None:
     """413 when the body's declared length is over ``limit_bytes`` (a missing or
     malformed ``Content-Length`` is left to the reader, which counts as it reads)."""
-    if content_length is None:
-        return
-    try:
-        declared = int(content_length)
-    except ValueError:
-        return
-    if declared > limit_bytes:
+    declared = declared_length(content_length)
+    if declared is not None and declared > limit_bytes:
         raise payload_too_large(limit_bytes)
 
 

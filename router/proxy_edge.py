@@ -33,6 +33,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from router.limits import declared_length
+
 # The environment variable through which Serve's proxies load middlewares, and ours.
 PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
 PROXY_CALLBACK = "router.proxy_edge:proxy_middlewares"
@@ -120,16 +122,9 @@ class ProxyEdge:
         await relay.finish()
 
 
-def declared_length(scope: dict[str, Any]) -> int | None:
-    """The body length the request's ``content-length`` declares; None if it has none
-    (or one that is not a number: the router refuses it)."""
-    for name, value in scope.get("headers") or []:
-        if name.lower() == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
+def _content_length(scope: dict[str, Any]) -> bytes | None:
+    return next((value for name, value in scope.get("headers") or []
+                 if name.lower() == b"content-length"), None)
 
 
 async def preload_body(scope: dict[str, Any], receive: Any, limit: int = PRELOAD_MAX_BYTES,
@@ -142,7 +137,7 @@ async def preload_body(scope: dict[str, Any], receive: Any, limit: int = PRELOAD
     bytes, or the client gone); what is read beyond ``limit`` comes as it arrives."""
     import asyncio  # here: cluster/serve_env.py (pure) imports this module's names
 
-    declared = declared_length(scope)
+    declared = declared_length(_content_length(scope))
     if declared is not None and declared > limit:
         return scope, receive
     reading = asyncio.ensure_future(_read_body(receive, limit))
