@@ -87,11 +87,12 @@ def test_a_sleeping_reader_leaves_the_core_a_spinning_one_takes():
 
 # -- the engine core's sleep after a step that ran no model ---------------------------------
 
-def _engine_core_sleeps(wait: str | None, kv_arrived: bool, model_ran: bool,
-                        empty_step_sleep: str | None, conn) -> None:
-    """In a process named as vLLM names its engine core: load the general plugins, run
-    vLLM's own ``EngineCoreProc._process_engine_step`` once on a stand-in engine core
-    whose scheduler still holds a request, and send back the sleeps it made."""
+def _engine_core_sleeps(wait: str | None, empty_step_sleep: str | None,
+                        steps: list[tuple[bool, bool]], conn) -> None:
+    """In a process named as vLLM names its engine core: load the general plugins, then
+    for each ``(kv_arrived, model_ran)`` run vLLM's own ``EngineCoreProc.
+    _process_engine_step`` once on a stand-in engine core whose scheduler still holds a
+    request, and send back the sleeps each step made."""
     import types
 
     if wait is None:
@@ -104,24 +105,29 @@ def _engine_core_sleeps(wait: str | None, kv_arrived: bool, model_ran: bool,
     from vllm.v1.engine.core import EngineCoreProc
 
     load_general_plugins()
-    slept = []
+    slept: list[float] = []
     time.sleep = slept.append  # the time module vLLM's engine core module sleeps with
-    scheduler = types.SimpleNamespace(
-        has_requests=lambda: True,
-        finished_recving_kv_req_ids={"request-0"} if kv_arrived else set())
-    engine_core = types.SimpleNamespace(
-        step_fn=lambda: ({}, model_ran), output_queue=None, post_step=lambda ran: None,
-        scheduler=scheduler)
-    EngineCoreProc._process_engine_step(engine_core)
-    conn.send(slept)
+    sleeps = []
+    for kv_arrived, model_ran in steps:
+        scheduler = types.SimpleNamespace(
+            has_requests=lambda: True,
+            finished_recving_kv_req_ids={"request-0"} if kv_arrived else set())
+        engine_core = types.SimpleNamespace(
+            step_fn=lambda ran=model_ran: ({}, ran), output_queue=None,
+            post_step=lambda ran: None, scheduler=scheduler)
+        EngineCoreProc._process_engine_step(engine_core)
+        sleeps.append(slept[:])
+        slept.clear()
+    conn.send(sleeps)
 
 
-def engine_core_sleeps(wait: str | None, *, kv_arrived: bool, model_ran: bool = False,
-                       empty_step_sleep: str | None = None) -> list[float]:
+def engine_core_sleeps(wait: str | None, steps: list[tuple[bool, bool]],
+                       empty_step_sleep: str | None = None) -> list[list[float]]:
+    """The sleeps of each step ``(kv_arrived, model_ran)`` in one engine core stand-in."""
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
     process = ctx.Process(target=_engine_core_sleeps, name="EngineCore_DP0",
-                          args=(wait, kv_arrived, model_ran, empty_step_sleep, child))
+                          args=(wait, empty_step_sleep, steps, child))
     process.start()
     try:
         assert parent.poll(120), "the engine core stand-in never answered"
@@ -130,17 +136,19 @@ def engine_core_sleeps(wait: str | None, *, kv_arrived: bool, model_ran: bool = 
         _stop(process)
 
 
+KV_ARRIVED, STILL_WAITING, MODEL_RAN = (True, False), (False, False), (True, True)
+
+
 @pytest.mark.timeout(300)
 def test_an_engine_core_whose_request_got_its_kv_steps_again_without_sleeping():
     # vLLM sleeps 1 ms after a step that ran no model while requests remain; a request
     # whose KV arrived in that step is computed in the next one, so its wait is skipped
-    # (a zero sleep still yields the GIL).
-    assert engine_core_sleeps("sleep", kv_arrived=True) == [0]
-    # Still waiting for a transfer (or a prefill engine waiting for its KV to be read):
-    # vLLM's pacing is kept, so empty steps do not spin.
-    assert engine_core_sleeps("sleep", kv_arrived=False) == [VLLM_EMPTY_STEP_SLEEP_S]
-    assert engine_core_sleeps("sleep", kv_arrived=True, model_ran=True) == []
+    # (a zero sleep still yields the GIL). Still waiting for a transfer (or a prefill
+    # engine waiting for its KV to be read), vLLM's pacing is kept, so empty steps do not
+    # spin; a step that ran the model does not sleep at all.
+    assert engine_core_sleeps("sleep", [KV_ARRIVED, STILL_WAITING, MODEL_RAN]) == [
+        [0], [VLLM_EMPTY_STEP_SLEEP_S], []]
     # Without the setting, or told to keep vLLM's wait, the plugin leaves the loop as is.
-    assert engine_core_sleeps(None, kv_arrived=True) == [VLLM_EMPTY_STEP_SLEEP_S]
-    assert engine_core_sleeps("sleep", kv_arrived=True, empty_step_sleep="vllm") == [
-        VLLM_EMPTY_STEP_SLEEP_S]
+    assert engine_core_sleeps(None, [KV_ARRIVED]) == [[VLLM_EMPTY_STEP_SLEEP_S]]
+    assert engine_core_sleeps("sleep", [KV_ARRIVED], empty_step_sleep="vllm") == [
+        [VLLM_EMPTY_STEP_SLEEP_S]]
