@@ -9,7 +9,8 @@ after a backoff, when all of them are full.
 
 Two hooks keep the routers' own state: ``on_request_routed`` (the replica accepted the
 request: record its prefix there, count it as pending) and ``on_request_completed``
-(drop it from the pending tally). Serve runs all of these on the router's event loop, so
+(drop it from the pending tally, or take it off the replica's last report when that
+counted it). Serve runs all of these on the router's event loop, so
 the state needs no lock, except the decode pool's prefix belief, which the request flow
 also reads and writes (router/decode_prefixes.py).
 
@@ -102,9 +103,10 @@ def replica_loads(
     replicas: Sequence[RunningReplica], tally: PendingTally, now: float, stale_after_s: float,
     others: OtherRouters,
 ) -> list[ReplicaLoad]:
-    """Each replica's reported stats plus this router's pending sends to it.
+    """Each replica's reported stats plus this router's pending sends to it, less the
+    requests the report counted that have completed since.
 
-    Reading a report first clears the tally entries that report already includes, and
+    Reading a report first settles the tally entries that report already includes, and
     feeds ``others`` the replica's finished-requests counter.
     """
     loads = []
@@ -117,6 +119,8 @@ def replica_loads(
         loads.append(load_from_stats(
             key, stats, now=now, stale_after_s=stale_after_s,
             pending_tokens=tally.tokens(key), pending_requests=tally.requests(key),
+            finished_tokens=tally.finished_tokens(key),
+            finished_requests=tally.finished_requests(key),
         ))
     return loads
 
@@ -200,9 +204,9 @@ class _EngineRouter(RequestRouter):
         self._on_routed(request, key)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        key = replica_key(replica_id)
-        self._tally.discard(internal_request_id, key)
-        self._others.completed(key, self._clock())
+        key, now = replica_key(replica_id), self._clock()
+        self._tally.complete(internal_request_id, key, now)
+        self._others.completed(key, now)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)

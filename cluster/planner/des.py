@@ -530,16 +530,25 @@ class Simulation:
 
     @staticmethod
     def _with_pending(load: ReplicaLoad, tally: PendingTally) -> ReplicaLoad:
-        """The report plus what was sent since, as the router's ReplicaLoad has it (built,
-        not ``dataclasses.replace``d: this runs for every replica at every routing)."""
+        """The report plus what was sent since, less what it counted that completed since,
+        as the router's ReplicaLoad has it (built, not ``dataclasses.replace``d: this runs
+        for every replica at every routing)."""
         return ReplicaLoad(load.replica_id, load.queued_prefill_tokens, load.running_seqs,
                            load.waiting_seqs, load.kv_usage, load.max_num_seqs,
                            pending_tokens=tally.tokens(load.replica_id),
-                           pending_requests=tally.requests(load.replica_id))
+                           pending_requests=tally.requests(load.replica_id),
+                           finished_tokens=tally.finished_tokens(load.replica_id),
+                           finished_requests=tally.finished_requests(load.replica_id))
 
     def _view_of(self, index: int) -> int:
         """The view its router routes it on (one for all when they share one)."""
         return 0 if len(self._views) == 1 else self._router_of.get(index, 0)
+
+    def _completed(self, seq: _Seq, engine: _Engine, key: str, pool: str) -> None:
+        """As Serve calls the router's ``on_request_completed``."""
+        view = self._views[seq.router]
+        view.tally.complete(key, engine.name, self.now)
+        view.others[pool].completed(engine.name, self.now)
 
     def _sent(self, seq: _Seq, engine: _Engine, key: str, tokens: int) -> None:
         self._views[seq.router].tally.add(key, engine.name, tokens, self.now)
@@ -658,7 +667,7 @@ class Simulation:
         the blocks its cache lacks."""
         engine.ongoing -= 1
         engine.served += 1
-        self._views[seq.router].others["prefill"].completed(engine.name, self.now)
+        self._completed(seq, engine, f"prefill-{seq.index}", "prefill")
         outcome = self.outcomes[seq.index]
         outcome.prefill_done_s = self.now - self.arrivals[seq.index]
         moved = _Seq(seq.index, seq.prompt, seq.output, computed=seq.prompt, chain=seq.chain,
@@ -759,7 +768,7 @@ class Simulation:
         request = self.requests[seq.index]
         engine.ongoing -= 1
         engine.served += 1
-        self._views[seq.router].others["decode"].completed(engine.name, self.now)
+        self._completed(seq, engine, f"decode-{seq.index}", "decode")
         self._released(seq.index)
         if seq.chain:
             whole = block_chain(request, seq.prompt + seq.output - 1, self.spec.block_size)

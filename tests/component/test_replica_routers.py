@@ -280,12 +280,20 @@ def test_decode_router_prefers_the_least_loaded_and_counts_its_sends():
     run(check())
 
 
+def decode_pair(clock: Clock, running_seqs: int, deployment: DeploymentID = DEPLOYMENT):
+    """A decode router (16 sequences, blocks of 16) and its replicas a and b, each
+    reporting ``running_seqs`` now."""
+    router = make_router(DecodeRequestRouter, clock, deployment, max_num_seqs=16,
+                         block_size=16)
+    a, b = (FakeReplica(name, {"running_seqs": running_seqs, "max_num_seqs": 16,
+                               "reported_at": clock.now}) for name in ("a", "b"))
+    return router, a, b
+
+
 def test_decode_router_follows_the_prefix_it_sent_only_while_the_load_allows():
     async def check():
         clock = Clock()
-        router = make_router(DecodeRequestRouter, clock, max_num_seqs=16, block_size=16)
-        a, b = (FakeReplica(name, {"running_seqs": 2, "max_num_seqs": 16,
-                                   "reported_at": clock.now}) for name in ("a", "b"))
+        router, a, b = decode_pair(clock, running_seqs=2)
         first = pending("1", engine_request("1", SYSTEM_PROMPT + (1000,) * 40))
         await router.choose_replicas([a, b], first)
         router.on_request_routed(first, b.replica_id, result=None)   # its blocks are on b
@@ -298,6 +306,35 @@ def test_decode_router_follows_the_prefix_it_sent_only_while_the_load_allows():
         b.routing_stats = {"running_seqs": 4, "max_num_seqs": 16, "reported_at": clock.now}
         third = pending("3", engine_request("3", SYSTEM_PROMPT + (3000,) * 40))
         assert first_ids(await router.choose_replicas([a, b], third)) == ["a", "b"]
+    run(check())
+
+
+def test_the_next_turn_follows_its_prefix_to_a_replica_whose_report_still_counts_the_last():
+    """The report a replica gave while it streamed the first turn still counts that stream
+    when the next turn arrives: the router takes off what it saw complete since, so the
+    replica holding the conversation is not one stream busier than it is (one slot is
+    worth more than the affinity bonus, and the turn would pull its whole prompt
+    elsewhere)."""
+    async def check():
+        clock = Clock()
+        router, a, b = decode_pair(clock, running_seqs=0)
+        first = pending("1", engine_request("1", SYSTEM_PROMPT + (1000,) * 40))
+        await router.choose_replicas([a, b], first)
+        router.on_request_routed(first, b.replica_id, result=None)
+        clock.now += 0.5
+        b.routing_stats = {"running_seqs": 1, "kv_usage": 0.001, "max_num_seqs": 16,
+                           "reported_at": clock.now}                  # while it streams
+        a.routing_stats = {**a.routing_stats, "reported_at": clock.now}
+        clock.now += 0.2
+        router.on_request_completed(b.replica_id, "1")
+        second = pending("2", engine_request("2", SYSTEM_PROMPT + (2000,) * 40))
+        assert first_ids(await router.choose_replicas([a, b], second)) == ["b", "a"]
+        router.on_request_routed(second, b.replica_id, result=None)
+        # b's next report counts the second turn and not the first: the correction goes
+        clock.now += 0.5
+        b.routing_stats = {**b.routing_stats, "reported_at": clock.now}
+        await router.choose_replicas([a, b], pending("3", engine_request("3", (7,) * 50)))
+        assert router._tally.finished_requests("b") == 0
     run(check())
 
 

@@ -143,6 +143,59 @@ def test_tally_expires_entries_nobody_completed():
     assert tally.requests("a") == 0
 
 
+def test_a_completion_the_last_report_counted_is_taken_off_it_until_a_later_report():
+    tally = PendingTally(max_age_s=30)
+    tally.add("r1", "a", 100, now=10)
+    tally.observe_report("a", reported_at=11)           # the report counts r1 running
+    assert (tally.requests("a"), tally.finished_requests("a")) == (0, 0)
+    tally.complete("r1", "a", now=12)
+    assert (tally.finished_requests("a"), tally.finished_tokens("a")) == (1, 100)
+    tally.observe_report("a", reported_at=11)           # the same report, read again
+    assert tally.finished_requests("a") == 1
+    tally.observe_report("a", reported_at=12.5)         # taken after the completion
+    assert (tally.finished_requests("a"), tally.finished_tokens("a")) == (0, 0)
+
+
+def test_a_completion_no_report_counted_and_a_rejected_attempts_take_nothing_off():
+    tally = PendingTally()
+    tally.add("r1", "a", 100, now=10)
+    tally.complete("r1", "a", now=11)                   # no report since the send
+    tally.add("r2", "a", 50, now=12)
+    tally.observe_report("a", reported_at=13)
+    tally.complete("r2", "b", now=14)                   # not where it runs
+    assert tally.finished_requests("a") == tally.finished_requests("b") == 0
+    tally.add("r2", "b", 50, now=15)                    # re-routed: a's report no longer counts
+    tally.complete("r2", "a", now=16)
+    assert tally.finished_requests("a") == 0 and tally.requests("b") == 1
+
+
+def test_finished_entries_expire_and_go_with_their_replica():
+    tally = PendingTally(max_age_s=5, max_running_s=100)
+    for key, replica in (("r1", "a"), ("r2", "b")):
+        tally.add(key, replica, 10, now=0)
+        tally.observe_report(replica, reported_at=1)
+        tally.complete(key, replica, now=2)
+    tally.forget_replica("b")
+    assert (tally.finished_requests("a"), tally.finished_requests("b")) == (1, 0)
+    tally.expire(now=8)                                 # a never reported again
+    assert tally.finished_requests("a") == 0
+    tally.add("r3", "a", 10, now=8)
+    tally.observe_report("a", reported_at=9)
+    tally.expire(now=200)                               # still running, long forgotten
+    tally.complete("r3", "a", now=201)
+    assert tally.finished_requests("a") == 0
+
+
+def test_what_finished_since_the_report_is_taken_off_it_never_below_zero():
+    load = ReplicaLoad("a", queued_prefill_tokens=300, running_seqs=1, waiting_seqs=1,
+                       pending_tokens=50, pending_requests=1, finished_tokens=500,
+                       finished_requests=3)
+    assert (load.prefill_queue, load.sequences) == (50, 1)
+    load = ReplicaLoad("a", queued_prefill_tokens=300, running_seqs=4, finished_tokens=100,
+                       finished_requests=1)
+    assert (load.prefill_queue, load.sequences) == (200, 3)
+
+
 # -- reading stats ----------------------------------------------------------------------
 
 
