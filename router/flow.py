@@ -51,7 +51,8 @@ class DisaggregatedFlow:
                  on_retry: Callable[[str, Failure, Action, str], None] | None = None,
                  caller: tuple[str, str] | None = None,
                  prefill_replicas: Callable[[], int | None] = lambda: None,
-                 decode_cache: DecodeCacheLink | None = None):
+                 decode_cache: DecodeCacheLink | None = None,
+                 routed_to: Callable[[str, str], str | None] = lambda stage, request_id: None):
         """Without ``retry`` nothing is retried; without ``deadlines`` nothing times out.
         ``classify`` tells the policy what a failure was (default: Ray's and vLLM's
         exception types, router.failures); ``on_retry(stage, failure, action,
@@ -61,7 +62,9 @@ class DisaggregatedFlow:
         ``prefill_replicas()``: how many prefill replicas Serve's router here knows (None:
         not known yet); at 0 prompts go to the decode engine at once. ``decode_cache``:
         the decode pool's prefix belief (router/decode_prefixes.py), told each answer that
-        finished, whose blocks its engine now holds."""
+        finished, whose blocks its engine now holds. ``routed_to(stage, request_id)``: the
+        replica of that stage's pool Serve's router sent the call to (None: unknown); a
+        retry avoids the replica whose attempt failed (``EngineRequest.avoid_replicas``)."""
         self._prefill = prefill_handle
         self._decode = decode_handle.options(stream=True)
         self._decode_unary = decode_handle
@@ -77,6 +80,7 @@ class DisaggregatedFlow:
         self._caller = caller
         self._prefill_replicas = prefill_replicas
         self.decode_cache = decode_cache
+        self._routed_to = routed_to
 
     async def generate(
         self, request: EngineRequest, path: Route = "disaggregated", *, one_piece: bool = False,
@@ -124,6 +128,7 @@ class DisaggregatedFlow:
                 self._note("prefill", request, error, failure, action)
                 if action == "give_up":
                     raise
+                request = self._avoiding("prefill", request, failure)
                 if action == "decode_local":
                     if not empty:
                         # Every attempt failed: the pool as a whole, not one replica. Spare
@@ -192,12 +197,26 @@ class DisaggregatedFlow:
                 handle = None  # the retry or continuation prefills on its decode engine
                 if action == "migrate":
                     migrations += 1
-                current = continuation(request, sent, attempts)
+                avoided = self._avoiding("decode", current, failure).avoid_replicas
+                current = dataclasses.replace(continuation(request, sent, attempts),
+                                              avoid_replicas=avoided)
             finally:
                 if not finished:
                     stream.cancel()
                     logger.info("request %s stopped before it finished; aborted",
                                 current.request_id)
+
+    def _avoiding(self, stage: str, request: EngineRequest, failure: Failure) -> EngineRequest:
+        """``request``, its next attempt kept off the replica where this one failed. Only
+        for a replica that may still look fine to the router (a deadline: a hung engine
+        reports the load it had when it stopped; unavailable: it may be restarting); one
+        that died leaves Serve's list at once."""
+        replica = (self._routed_to(stage, request.request_id)
+                   if failure in ("deadline", "unavailable") else None)
+        if replica is None or replica in request.avoid_replicas:
+            return request
+        return dataclasses.replace(request,
+                                   avoid_replicas=(*request.avoid_replicas, replica))
 
     def _decoded(self, request: EngineRequest, current: EngineRequest,
                  sent: list[int]) -> None:

@@ -4,7 +4,9 @@ measure the other router replicas send the pool (no Ray imports).
 Serve's request router of a pool (router/replica_routers.py) drops a replica as soon as a
 call to it fails with the actor dead, before the controller's next broadcast, and takes
 the controller's list at each broadcast. It records the count here; the request flow
-(router/flow.py) reads it to stop waiting on a pool that has no replica left.
+(router/flow.py) reads it to stop waiting on a pool that has no replica left. It also
+records which replica each call went to, so that the flow can keep a retry off the
+replica whose attempt failed.
 
 A module of its own: Serve pickles the router module by value, so a dict kept there would
 be a copy in the routers and another in the flow. This one is imported by reference.
@@ -12,8 +14,17 @@ be a copy in the routers and another in the flow. This one is imported by refere
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+
+# Calls whose replica is remembered per deployment: far more than a router replica has in
+# flight, so a failed call's is still there when its retry is made.
+ROUTED_KEPT = 10_000
+
 _known: dict[str, int] = {}
 _others: dict[str, float] = {}
+_routed: dict[str, OrderedDict[str, str]] = {}
+_routed_lock = threading.Lock()     # the routers' loop thread writes, the flow's reads
 
 
 def record(deployment: str, replicas: int) -> None:
@@ -38,3 +49,21 @@ def other_routers(deployment: str) -> float | None:
     """What the other router replicas send ``deployment`` a report period, as this
     process's router measures it (None: it has not routed there yet)."""
     return _others.get(deployment)
+
+
+def record_routed(deployment: str, request_id: str, replica: str) -> None:
+    """A router of ``deployment`` sent the call of ``request_id`` to ``replica`` (the
+    latest routing of an id wins)."""
+    with _routed_lock:
+        routed = _routed.setdefault(deployment, OrderedDict())
+        routed.pop(request_id, None)
+        routed[request_id] = replica
+        while len(routed) > ROUTED_KEPT:
+            routed.popitem(last=False)
+
+
+def routed_to(deployment: str, request_id: str) -> str | None:
+    """The replica of ``deployment`` the call of ``request_id`` was last sent to (None:
+    not routed here, or long ago)."""
+    with _routed_lock:
+        return _routed.get(deployment, {}).get(request_id)

@@ -49,7 +49,7 @@ from __future__ import annotations
 import random
 import statistics
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -665,6 +665,7 @@ def rank_prefill(
     policy: PrefillPolicy,
     rng: random.Random | None = None,
     others: float = 0.0,
+    avoid: Collection[ReplicaId] = (),
 ) -> PrefillChoice:
     """Rank replicas by estimated prefill cost: queued tokens + tokens still to compute.
 
@@ -673,8 +674,9 @@ def rank_prefill(
     queue exceeds the shortest current queue by more than ``max_imbalance_tokens``, so the
     first choice's queue never exceeds the shortest by more than
     ``min(max_imbalance_tokens, its saving)``. Ties prefer the larger saving, then the
-    shorter queue. Replicas with stale stats come last, and those with a dead engine after
-    them (tried only when nothing else is left).
+    shorter queue. Replicas with stale stats come last, after them those in ``avoid`` (an
+    earlier attempt of this request failed there), and those with a dead engine after
+    them all (tried only when nothing else is left).
 
     ``others``: the requests other routers send the pool per report period
     (``OtherRouters``). When it is above 0, ``rng`` is given and the policy spreads, the
@@ -697,14 +699,13 @@ def rank_prefill(
     def key(load: ReplicaLoad):
         saved = saving(load)
         cost = load.prefill_queue + prompt_tokens - saved
-        return (load.dead, load.stale, cost, -saved, load.prefill_queue,
-                tie[load.replica_id])
+        return (load.dead, load.replica_id in avoid, load.stale, cost, -saved,
+                load.prefill_queue, tie[load.replica_id])
 
     ranked = sorted(loads, key=key)
     if policy.spread and others > 0 and rng is not None and prompt_tokens > 0:
-        in_draw = sum(1 for load in ranked if (load.dead, load.stale)
-                      == (ranked[0].dead, ranked[0].stale))
-        levels = {load.replica_id: key(load)[2] / prompt_tokens for load in ranked[:in_draw]}
+        in_draw = sum(1 for load in ranked if key(load)[:3] == key(ranked[0])[:3])
+        levels = {load.replica_id: key(load)[3] / prompt_tokens for load in ranked[:in_draw]}
         ranked = _draw_first(ranked, in_draw, levels, others + 1, rng)
     return PrefillChoice(tuple(load.replica_id for load in ranked), saving(ranked[0]))
 
@@ -766,11 +767,13 @@ def rank_decode(
     loads: Sequence[ReplicaLoad], policy: DecodePolicy, rng: random.Random | None = None,
     matched_blocks: Mapping[ReplicaId, int] | None = None, prompt_tokens: int = 0,
     pinned: ReplicaId | None = None, others: float = 0.0,
+    avoid: Collection[ReplicaId] = (),
 ) -> tuple[ReplicaId, ...]:
     """Every candidate, least loaded first (less the prefix-affinity bonus of the blocks
     ``matched_blocks`` says a replica holds of this ``prompt_tokens`` prompt; a tie goes
-    to the larger bonus); above the KV high-water mark next; stale after them; a replica
-    whose engine died last of all.
+    to the larger bonus); above the KV high-water mark next; stale after them; then those
+    in ``avoid`` (an earlier attempt of this request failed there: a hung engine reports
+    the load it had when it stopped); a replica whose engine died last of all.
 
     ``pinned``: the replica whose prefix cache made this request decode-local
     (router/disaggregation.py) comes first among the live, fresh, not full ones, whatever
@@ -787,17 +790,18 @@ def rank_decode(
     def key(load: ReplicaLoad):
         full = load.kv_usage >= policy.kv_high_water
         bonus = affinity_bonus(load, matched.get(load.replica_id, 0), prompt_tokens, policy)
-        return (load.dead, load.stale, full, load.replica_id != pinned,
-                decode_score(load, policy) - bonus, -bonus, tie[load.replica_id])
+        return (load.dead, load.replica_id in avoid, load.stale, full,
+                load.replica_id != pinned, decode_score(load, policy) - bonus, -bonus,
+                tie[load.replica_id])
 
     keys = {load.replica_id: key(load) for load in loads}
     ranked = sorted(loads, key=lambda load: keys[load.replica_id])
-    first = keys[ranked[0].replica_id][:4] if ranked else ()
-    if policy.spread and others > 0 and rng is not None and first and first[3]:  # unpinned
-        in_draw = sum(1 for load in ranked if keys[load.replica_id][:4] == first)
+    first = keys[ranked[0].replica_id][:5] if ranked else ()
+    if policy.spread and others > 0 and rng is not None and first and first[4]:  # unpinned
+        in_draw = sum(1 for load in ranked if keys[load.replica_id][:5] == first)
         slots = {load.replica_id: load.max_num_seqs or policy.default_max_num_seqs
                  for load in ranked[:in_draw]}
-        # keys[r][4]: the score less the affinity bonus
-        levels = {r: keys[r][4] for r in slots}
+        # keys[r][5]: the score less the affinity bonus
+        levels = {r: keys[r][5] for r in slots}
         ranked = _draw_first(ranked, in_draw, levels, others + 1, rng, slots)
     return tuple(load.replica_id for load in ranked)

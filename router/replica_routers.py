@@ -201,6 +201,7 @@ class _EngineRouter(RequestRouter):
         key = replica_key(replica_id)
         self._tally.add(request_key(pending_request), key, self._pending_tokens(request),
                         self._clock())
+        pool_view.record_routed(self._deployment_id.name, request.request_id, key)
         self._on_routed(request, key)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
@@ -268,7 +269,7 @@ class PrefillRequestRouter(_EngineRouter):
         matched = self._index.match(self._hashes(request))
         prompt_tokens = len(request.prompt_token_ids)
         return rank_prefill(prompt_tokens, matched, loads, self.policy, self._rng,
-                            others).ranking
+                            others, avoid=request.avoid_replicas).ranking
 
     def _on_routed(self, request: EngineRequest, replica: str) -> None:
         self._index.record(self._hashes(request), replica)
@@ -306,14 +307,15 @@ class DecodeRequestRouter(_EngineRouter):
 
     def _rank(self, request: EngineRequest | None, loads: list[ReplicaLoad],
               others: float) -> tuple[str, ...]:
+        avoid = request.avoid_replicas if request is not None else ()
         if request is None or not self._tracks_prefixes:
-            return rank_decode(loads, self.policy, self._rng, others=others)
+            return rank_decode(loads, self.policy, self._rng, others=others, avoid=avoid)
         matched = {}
         if self.policy.affinity_slots > 0:
             matched = self._belief.match(request.prompt_token_ids)
         return rank_decode(loads, self.policy, self._rng, matched,
                            len(request.prompt_token_ids), pinned=request.decode_replica,
-                           others=others)
+                           others=others, avoid=avoid)
 
     def _on_routed(self, request: EngineRequest, replica: str) -> None:
         if self._tracks_prefixes:

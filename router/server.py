@@ -51,7 +51,7 @@ from router.failures import error_response, failure_response, vllm_error_respons
 from router.flow import DisaggregatedFlow, prepend
 from router.lifecycle import RequestLifecycle
 from router.limits import check_body, check_declared_size, check_received_size
-from router.pool_view import known_replicas, other_routers
+from router.pool_view import known_replicas, other_routers, routed_to
 from router.protocol import refuse_not_honoured
 from router.proxy_edge import PreloadedBody
 from router.response_cache import cache_store
@@ -163,6 +163,12 @@ def _this_actor() -> tuple[str, str] | None:
     return (SERVE_NAMESPACE, name) if name else None
 
 
+def _routed_to(deployments: dict[str, str], stage: str, request_id: str) -> str | None:
+    """The replica of ``stage``'s pool (its deployment in ``deployments``) that Serve's
+    router here sent the call of ``request_id`` to."""
+    return routed_to(deployments[stage], request_id)
+
+
 @serve.deployment
 @serve.ingress(app)
 class Router:
@@ -185,7 +191,10 @@ class Router:
                 on_retry=retry_counter(name, functools.partial(self._fault_seen, name)),
                 caller=caller, prefill_replicas=functools.partial(
                     known_replicas, pools[name]["prefill"].deployment_name),
-                decode_cache=DecodeCacheLink(pools[name]["decode"].deployment_name))
+                decode_cache=DecodeCacheLink(pools[name]["decode"].deployment_name),
+                routed_to=functools.partial(_routed_to, {
+                    stage: pools[name][stage].deployment_name
+                    for stage in ("prefill", "decode")}))
             served = [served for served, weights in config.served_models.items()
                       if weights.get(name) is not None]
             self._versions[name] = build_version(config, name, flow, served, self._cache_store)

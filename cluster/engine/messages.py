@@ -37,6 +37,10 @@ class EngineRequest:
     # The decode replica whose prefix cache made this request decode-local
     # (router/disaggregation.py): the decode router ranks it first. None: its own choice.
     decode_replica: str | None = None
+    # Replicas an earlier attempt of this request failed on while they still run (a
+    # deadline passed: a hung engine reports the load it had when it stopped): the pool's
+    # router ranks them after every other live replica (router/flow.py).
+    avoid_replicas: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

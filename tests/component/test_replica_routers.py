@@ -22,7 +22,7 @@ from cluster.engine.messages import EngineRequest
 from cluster.engine.routing_stats import routing_stats_from
 from cluster.engine.stats import EngineStats
 from router.decode_prefixes import DecodeCacheLink
-from router.pool_view import known_replicas
+from router.pool_view import ROUTED_KEPT, known_replicas, record_routed, routed_to
 from router.replica_choice import DecodePolicy, PrefillPolicy, load_from_stats
 from router.replica_routers import (
     CODE_DIGEST_KEY,
@@ -336,6 +336,38 @@ def test_the_next_turn_follows_its_prefix_to_a_replica_whose_report_still_counts
         await router.choose_replicas([a, b], pending("3", engine_request("3", (7,) * 50)))
         assert router._tally.finished_requests("b") == 0
     run(check())
+
+
+def test_the_flow_learns_where_a_call_went_and_its_retry_keeps_off_that_replica():
+    """A hung decode engine's replica reports what it had when it stopped; once the
+    router took the hung stream off that report, the replica holding the prompt looks
+    idle. The continuation names it (router/flow.py) and goes to the other."""
+    async def check():
+        clock = Clock()
+        router, a, b = decode_pair(
+            clock, running_seqs=0,
+            deployment=DeploymentID(name="decode-avoid", app_name="pdserve"))
+        prompt = SYSTEM_PROMPT + (1000,) * 40
+        first = pending("1", engine_request("req-1", prompt))
+        await router.choose_replicas([a, b], first)
+        router.on_request_routed(first, b.replica_id, result=None)
+        assert routed_to("decode-avoid", "req-1") == "b"
+        router.on_request_completed(b.replica_id, "1")      # cancelled at its deadline
+        again = EngineRequest("req-1-retry1", (*prompt, 5), SAMPLING, avoid_replicas=("b",))
+        assert first_ids(await router.choose_replicas([a, b], pending("2", again))) == [
+            "a", "b"]
+        same = EngineRequest("req-2", (*prompt, 6), SAMPLING)
+        assert first_ids(await router.choose_replicas([a, b], pending("3", same)))[0] == "b"
+    run(check())
+
+
+def test_where_calls_went_is_kept_for_the_latest_calls_only():
+    for i in range(ROUTED_KEPT + 1):
+        record_routed("decode-kept", f"r{i}", "a")
+    record_routed("decode-kept", "r1", "b")                  # routed again: moved, kept
+    record_routed("decode-kept", "r-new", "a")
+    assert routed_to("decode-kept", "r0") is None and routed_to("decode-kept", "r2") is None
+    assert routed_to("decode-kept", "r1") == "b" and routed_to("other", "r1") is None
 
 
 def test_decode_router_ranks_a_replica_with_stale_stats_last():

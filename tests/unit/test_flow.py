@@ -347,10 +347,11 @@ class Replicas(FakeDecode):
         self.generate = Method(lambda request, handle: queue.pop(0))
 
 
-def retrying(prefill, decode, prefill_replicas=lambda: None, **deadlines):
+def retrying(prefill, decode, prefill_replicas=lambda: None, routed_to=None, **deadlines):
     noted = []
     flow = DisaggregatedFlow(
         prefill, decode, retry=RetryPolicy(), prefill_replicas=prefill_replicas,
+        routed_to=routed_to or (lambda stage, request_id: None),
         classify=lambda error: (
             "deadline" if isinstance(error, TimeoutError) else "unavailable"),
         deadlines=Deadlines(**{"prefill_s": None, "first_token_s": None,
@@ -450,6 +451,52 @@ def test_a_hung_decode_passes_its_gap_deadline_and_is_continued():
     flow, noted = retrying(FakePrefill(PrefillResult(KV, 4)), decode, token_gap_s=0.05)
     assert len(asyncio.run(collect(flow, "decode_local"))) == 3
     assert hung.cancelled and noted == [("decode", "deadline", "migrate")]
+
+
+def where_routed(calls: list[tuple[str, str]]):
+    """A ``routed_to`` that names each call's replica after its stage and request id."""
+    def routed_to(stage: str, request_id: str) -> str:
+        calls.append((stage, request_id))
+        return f"{stage}:{request_id}"
+    return routed_to
+
+
+def test_a_continuation_keeps_off_the_replica_whose_engine_hung_and_every_one_before():
+    """The hung replica still reports the load it had when it stopped: the router could
+    send the continuation straight back, so the request names it (and a second hung one
+    after it)."""
+    first, second = (FakeStream(outputs(3)[:1], then="block"),
+                     FakeStream([output(1)], then="block"))
+    decode = Replicas(first, second, FakeStream([output(2, last=True)]))
+    asked: list[tuple[str, str]] = []
+    flow, noted = retrying(FakePrefill(PrefillResult(KV, 4)), decode, token_gap_s=0.05,
+                           routed_to=where_routed(asked))
+    assert len(asyncio.run(collect(flow, "decode_local"))) == 3
+    (one, _), (two, _), (three, _) = decode.generate.calls
+    assert one.avoid_replicas == ()
+    assert two.avoid_replicas == (f"decode:{one.request_id}",)
+    assert three.avoid_replicas == (f"decode:{one.request_id}", f"decode:{two.request_id}")
+    assert noted == [("decode", "deadline", "migrate")] * 2
+
+
+def test_a_retry_after_a_replica_died_avoids_nothing_serve_drops_it_anyway():
+    decode = Replicas(FakeStream([], then="fail"), FakeStream(outputs(1)))
+    asked: list[tuple[str, str]] = []
+    flow = DisaggregatedFlow(
+        FakePrefill(PrefillResult(KV, 4)), decode, retry=RetryPolicy(),
+        classify=lambda error: "died", routed_to=where_routed(asked))
+    assert len(asyncio.run(collect(flow, "decode_local"))) == 1
+    assert decode.generate.calls[1][0].avoid_replicas == () and asked == []
+
+
+def test_a_prefill_retried_after_its_deadline_keeps_off_the_hung_replica():
+    prefill, decode = FakePrefill(PrefillResult(KV, 4), block=True), FakeDecode(
+        FakeStream(outputs(1)))
+    flow, _ = retrying(prefill, decode, prefill_s=0.05, routed_to=where_routed([]))
+    asyncio.run(collect(flow, "disaggregated"))
+    (first,), (second,) = prefill.prefill.calls
+    assert (first.avoid_replicas, second.avoid_replicas) == ((), ("prefill:req-1",))
+    assert decode.generate.calls[0][0].avoid_replicas == ()   # prefill replicas only
 
 
 def test_a_unary_answer_is_given_the_whole_generation_to_arrive():

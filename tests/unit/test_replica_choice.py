@@ -441,6 +441,23 @@ def test_affinity_is_worth_at_most_one_stream_slot(holder_seqs, held_blocks, fir
     assert ranking[0] == first
 
 
+def test_a_replica_this_request_failed_on_ranks_after_every_live_one_but_before_a_dead():
+    """Even holding the whole prompt, idle, and pinned: its engine may be hung, reporting
+    the load it had when it stopped."""
+    loads = [ReplicaLoad("hung", max_num_seqs=100), ReplicaLoad("busy", running_seqs=90,
+                                                                   max_num_seqs=100),
+             ReplicaLoad("stale", stale=True), ReplicaLoad("dead", dead=True)]
+    ranking = rank_decode(loads, AFFINE, matched_blocks={"hung": 8}, prompt_tokens=128,
+                          pinned="hung", avoid={"hung"})
+    assert ranking == ("busy", "stale", "hung", "dead")
+    assert rank_decode(loads, AFFINE, avoid={"hung"}, rng=random.Random(0),
+                       others=50)[-2:] == ("hung", "dead")
+    prefill = [ReplicaLoad("hung"), ReplicaLoad("busy", queued_prefill_tokens=5000),
+               ReplicaLoad("dead", dead=True)]
+    assert rank_prefill(100, {"hung": 6}, prefill, POLICY, avoid={"hung"}).ranking == (
+        "busy", "hung", "dead")
+
+
 def test_without_affinity_slots_a_match_changes_nothing():
     off = DecodePolicy.from_config(DecodeRoutingConfig(prefix_affinity_slots=0), 100, 16)
     loads = [ReplicaLoad("a", running_seqs=4), ReplicaLoad("b", running_seqs=4)]
