@@ -702,10 +702,14 @@ def rank_prefill(
         return (load.dead, load.replica_id in avoid, load.stale, cost, -saved,
                 load.prefill_queue, tie[load.replica_id])
 
-    ranked = sorted(loads, key=key)
+    keys = {load.replica_id: key(load) for load in loads}
+    ranked = sorted(loads, key=lambda load: keys[load.replica_id])
     if policy.spread and others > 0 and rng is not None and prompt_tokens > 0:
-        in_draw = sum(1 for load in ranked if key(load)[:3] == key(ranked[0])[:3])
-        levels = {load.replica_id: key(load)[3] / prompt_tokens for load in ranked[:in_draw]}
+        tier = keys[ranked[0].replica_id][:3]     # dead, avoided, stale
+        in_draw = sum(1 for load in ranked if keys[load.replica_id][:3] == tier)
+        # keys[r][3]: the estimated cost
+        levels = {load.replica_id: keys[load.replica_id][3] / prompt_tokens
+                  for load in ranked[:in_draw]}
         ranked = _draw_first(ranked, in_draw, levels, others + 1, rng)
     return PrefillChoice(tuple(load.replica_id for load in ranked), saving(ranked[0]))
 
