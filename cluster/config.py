@@ -57,7 +57,7 @@ _KV_LAYOUT_ARGS = frozenset({"block_size", "dtype", "max_model_len", "kv_cache_d
 _POOL_TYPED_ARGS = ("tensor_parallel_size", "max_num_batched_tokens")
 # EngineConfig fields that are not vLLM arguments (the rest are passed by name).
 _ENGINE_NON_ARGS = frozenset({"extra", "cpu_kvcache_space_gib", "step_wait",
-                              "scheduler_nice", "vllm_metrics"})
+                              "scheduler_nice", "vllm_metrics", "stall_timeout_s"})
 
 
 def _refuse(hatch: dict[str, Any], owners: dict[str, str]) -> dict[str, Any]:
@@ -219,6 +219,13 @@ class EngineConfig(StrictModel):
         "`ray_vllm_*`) through Ray's metrics, as Ray Serve LLM does. Off: pdserve's own "
         "`pdserve_engine_*` metrics cover the engines, and vLLM's logger costs each engine "
         "replica CPU on every step (docs/benchmarks.md, \"Engine metrics off the step\")",
+    )
+    stall_timeout_s: float | None = Field(
+        60, gt=0, description="an engine that holds requests and has not stepped for this "
+        "long is taken for hung: its replica kills its engine processes and fails its "
+        "health check, so that Serve replaces it and the routers' retries move its "
+        "requests (cluster/engine/stall.py). Well above the longest step a pool makes "
+        "(a chunked prefill step on CPU takes seconds); None: never",
     )
     extra: dict[str, Any] = Field(
         default_factory=dict,

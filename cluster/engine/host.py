@@ -9,6 +9,7 @@ side-channel port), converts pdserve messages to vLLM objects, and keeps
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -24,10 +25,13 @@ from cluster.engine.cpu_check import check_engine
 from cluster.engine.load_report import LoadReporter
 from cluster.engine.messages import EngineRequest
 from cluster.engine.routing_stats import routing_stats_from
+from cluster.engine.stall import StepWatch, is_stalled
 from cluster.engine.stats import EngineStats
 from kv_transfer.connector import Role, connector_config, engine_id_for
 
 logger = logging.getLogger(__name__)
+
+STALL_RECHECK_S = 1.0  # a stall seen by the health check is confirmed this much later
 
 
 class EngineHost:
@@ -35,9 +39,13 @@ class EngineHost:
 
     def __init__(self, engine: Any, stats: EngineStats,
                  recorder: m.Recorder | None = None, tags: dict[str, str] | None = None,
-                 counts: m.Counts | None = None):
+                 counts: m.Counts | None = None, steps: StepWatch | None = None,
+                 stall_timeout_s: float | None = None):
         self._engine = engine
         self.stats = stats
+        self._steps = steps or StepWatch()
+        self._stall_timeout_s = stall_timeout_s
+        self._hung_killed = False
         self.load = LoadReporter(stats.role)
         self._stop = threading.Event()
         self._callers = CallerWatch(lambda request_id: self._engine.abort(request_id))
@@ -92,14 +100,15 @@ class EngineHost:
         args = AsyncEngineArgs(**engine_kwargs(config, role, kv_config, version))
         stats = EngineStats(role=role, engine_id=engine_id)
         tags = {"version": version, "pool": role, "replica": engine_id}
-        recorder, counts = m.Recorder(), m.Counts()
+        recorder, counts, steps = m.Recorder(), m.Counts(), StepWatch()
         engine = AsyncLLM.from_engine_args(
-            args, stat_loggers=[_stats_logger_factory(stats, recorder, counts, tags),
+            args, stat_loggers=[_stats_logger_factory(stats, recorder, counts, tags, steps),
                                 _vllm_metrics_logger(config.engine.vllm_metrics)]
         )
         logger.info("%s engine %s ready, NIXL side channel %s:%d",
                     role, engine_id, side_channel_host, side_channel_port)
-        return cls(engine, stats, recorder, tags, counts)
+        return cls(engine, stats, recorder, tags, counts, steps,
+                   stall_timeout_s=config.engine.stall_timeout_s)
 
     async def generate(
         self, request: EngineRequest, *, kv_transfer_params: Mapping[str, Any] | None,
@@ -131,6 +140,7 @@ class EngineHost:
         self.stats.queued_prefill_tokens += prompt_tokens
         queued = True
         last = called = time.monotonic()
+        self._steps.submitted(called)
         self._callers.track(request.request_id, request.caller)
         try:
             async for output in self._engine.generate(prompt, params, request.request_id,
@@ -197,7 +207,30 @@ class EngineHost:
         await self._engine.abort(request_id)
 
     async def check_health(self) -> None:
+        """vLLM's check (the engine core died), and a hung engine: one that holds requests
+        and has not stepped for ``engine.stall_timeout_s`` has its processes killed, so
+        that its requests fail over at once and Serve replaces the replica."""
+        if self._hung_killed:
+            await self._engine.check_health()  # vLLM's monitor may not have seen it yet
+            raise RuntimeError("engine hung and killed; waiting to be replaced")
+        if self._stalled_s() is not None:
+            # Checked again after a moment: a replica that was itself paused (stopped,
+            # swapped out) has the engine's reports of the meantime still to read.
+            await asyncio.sleep(STALL_RECHECK_S)
+            if (stalled_s := self._stalled_s()) is not None:
+                self._hung_killed = True
+                killed = _kill_engine_processes(self._engine)
+                logger.error("%s engine %s has held requests for %.0f s without a step: "
+                             "taken for hung, its processes %s killed", self.stats.role,
+                             self.stats.engine_id, stalled_s, killed)
+                raise RuntimeError(f"engine hung: no step for {stalled_s:.0f} s with "
+                                   f"requests in it; its processes {killed} were killed")
         await self._engine.check_health()
+
+    def _stalled_s(self) -> float | None:
+        """How long the engine has held requests without a step, once that is a stall."""
+        stalled_s = self._steps.stalled_s(time.monotonic())
+        return stalled_s if is_stalled(stalled_s, self._stall_timeout_s) else None
 
     async def reject_transfer(self, request_id: str, kv_transfer_params: dict) -> None:
         """Tell the prefill engine behind ``kv_transfer_params`` that nobody will pull
@@ -259,8 +292,9 @@ def _kv_args(kv_transfer_params: Mapping[str, Any] | None) -> dict[str, Any] | N
 
 
 def _stats_logger_factory(stats: EngineStats, recorder: m.Recorder, counts: m.Counts,
-                          tags: dict[str, str]):
-    """A vLLM stat-logger factory whose loggers feed ``stats`` and the Prometheus metrics."""
+                          tags: dict[str, str], steps: StepWatch):
+    """A vLLM stat-logger factory whose loggers feed ``stats``, the Prometheus metrics and
+    ``steps`` (the engine core reports its scheduler's stats after every step)."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
     class _Logger(StatLoggerBase):
@@ -269,6 +303,8 @@ def _stats_logger_factory(stats: EngineStats, recorder: m.Recorder, counts: m.Co
 
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
             if scheduler_stats is not None:
+                steps.stepped(time.monotonic(), has_requests=bool(
+                    scheduler_stats.num_running_reqs or scheduler_stats.num_waiting_reqs))
                 _observe_scheduler(stats, recorder, tags, scheduler_stats)
                 _observe_speculation(stats, counts, tags, scheduler_stats.spec_decoding_stats)
             if iteration_stats is not None:
@@ -278,6 +314,28 @@ def _stats_logger_factory(stats: EngineStats, recorder: m.Recorder, counts: m.Co
             pass
 
     return _Logger
+
+
+def _kill_engine_processes(engine: Any) -> list[int]:
+    """SIGKILL the engine's EngineCore processes and everything under them (a stopped or
+    stuck process acts on nothing gentler), and return their pids. vLLM's monitor then
+    finds the core gone and fails the engine's requests (``EngineDeadError``)."""
+    import psutil
+
+    manager = getattr(getattr(engine, "engine_core", None), "resources", None)
+    processes = getattr(getattr(manager, "engine_manager", None), "processes", None) or []
+    killed = []
+    for process in processes:
+        try:
+            core = psutil.Process(process.pid)
+            tree = [*core.children(recursive=True), core]
+        except psutil.NoSuchProcess:
+            continue
+        for member in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                member.kill()
+                killed.append(member.pid)
+    return killed
 
 
 def _vllm_metrics_logger(export: bool):

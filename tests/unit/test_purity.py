@@ -34,6 +34,7 @@ MUST_BE_PURE = [
     "cluster/engine/messages.py", "cluster/engine/stats.py", "cluster/engine/load_report.py",
     "cluster/engine/routing_stats.py", "kv_transfer/handle.py", "kv_transfer/ports.py",
     "decode/pacing.py", "router/cache_policy.py", "cluster/engine/cpu_support.py",
+    "cluster/engine/stall.py",
     "cluster/bench/quality.py", "cluster/planner/model.py", "cluster/planner/hardware.py",
     "cluster/planner/cost_model.py", "cluster/planner/des.py", "cluster/planner/workload.py",
     "cluster/planner/search.py", "cluster/planner/output.py", "cluster/planner/fitted.py",

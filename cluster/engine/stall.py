@@ -1,0 +1,44 @@
+"""Whether an engine that has work has stopped stepping (pure: times are passed in).
+
+A replica's health check asks vLLM's ``AsyncLLM``, which only knows an engine that died:
+an EngineCore that hangs (a stuck collective, a driver stall, a SIGSTOP) keeps its replica
+healthy, and every request sent there waits out a deadline. What a live engine with work
+always does is step: vLLM's scheduler reports its stats after every step, an empty one
+included (a request waiting for its KV), so a gap between reports while the engine holds
+requests is a stall.
+
+"Holds requests" is taken from the engine's own last report (running or waiting
+requests), not from the replica's open streams: a stream whose reader is slow stays open
+after the engine has finished it, and that engine, idle, steps no more. A request handed
+to an engine that looked idle starts the clock too, so a hang that began while the engine
+was idle is found by the next request sent to it.
+"""
+
+from __future__ import annotations
+
+
+class StepWatch:
+    """The time since an engine that had work last stepped."""
+
+    def __init__(self) -> None:
+        self._waiting_since: float | None = None  # work known and no step since
+
+    def submitted(self, now: float) -> None:
+        """A request was handed to the engine at ``now``."""
+        if self._waiting_since is None:
+            self._waiting_since = now
+
+    def stepped(self, now: float, has_requests: bool) -> None:
+        """The engine reported a step at ``now``, after which it holds ``has_requests``."""
+        self._waiting_since = now if has_requests else None
+
+    def stalled_s(self, now: float) -> float:
+        """Seconds the engine has had work and made no step; 0 while idle."""
+        if self._waiting_since is None:
+            return 0.0
+        return max(0.0, now - self._waiting_since)
+
+
+def is_stalled(stalled_s: float, limit_s: float | None) -> bool:
+    """``stalled_s`` reached ``limit_s`` (``None``: never)."""
+    return limit_s is not None and stalled_s >= limit_s
