@@ -43,7 +43,8 @@ def engine_refusals(config: PDServeConfig, role: Role, version: str,
     return [f"{role} pool of version {version}: {reason}" for reason in
             cpu_support.engine_refusals(kv_cache_dtype=config.engine.kv_cache_dtype,
                                         head_size=cpu_support.head_size(hf_config),
-                                        quantization=quantization, cpu=cpu)]
+                                        quantization=quantization, cpu=cpu,
+                                        dtype=config.engine.dtype)]
 
 
 def check_engine(config: PDServeConfig, role: Role, version: str) -> None:

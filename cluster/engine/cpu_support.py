@@ -12,7 +12,11 @@ The rules, read in vLLM 0.32's CPU build:
   (``cpu_attn._get_attn_isa``), and a head size divisible by 32.
 - fp8 weights (``quantization: fp8``, W8A8): AMX tiles with AMX-FP8
   (``CPUFP8W8A8ScaledMMLinearKernel``).
-- int8 W8A8 (compressed-tensors) has a kernel for every x86 CPU (oneDNN): no rule.
+- int8 W8A8 (compressed-tensors) has a kernel for every x86 CPU (oneDNN), but on a CPU
+  with AMX vLLM picks its AMX kernel (``check_cpu_sgl_kernel``, for layers whose sizes fit
+  its tiles, as real models' do) without asking the activations' dtype, and that kernel
+  (``int8_scaled_mm_with_quant``) takes bfloat16 or float16 only: with ``engine.dtype``
+  float32 the first step fails (seen on a Xeon with AMX, 2026-12-05).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 FP8_KV_CACHE_DTYPES = frozenset({"fp8", "fp8_e4m3", "fp8_e5m2"})
+FLOAT32_NAMES = frozenset({"float32", "float"})
 # torch.cpu._is_avx512_supported(), which vLLM asks, wants all four.
 _AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"})
 _AMX = frozenset({"amx_tile"})
@@ -83,11 +88,23 @@ def quantization_refusal(method: str | None, cpu: Processor) -> str | None:
             f"{cpu.describe()}. Use an int8 W8A8 checkpoint (compressed-tensors) instead")
 
 
+def activation_dtype_refusal(method: str | None, dtype: str, cpu: Processor) -> str | None:
+    """Why a CPU engine cannot compute weights quantized by ``method`` in ``dtype``
+    (``engine.dtype``), or None if it can (or vLLM decides: no rule is known)."""
+    if method != "compressed-tensors" or dtype not in FLOAT32_NAMES or not (
+            cpu.x86 and cpu.has(_AMX)):
+        return None
+    return (f"int8 W8A8 weights with engine.dtype={dtype} cannot run on a CPU with AMX: "
+            f"vLLM computes them there with its AMX kernel, which takes bfloat16 or "
+            f"float16 activations only ({cpu.describe()}). Set engine.dtype: bfloat16")
+
+
 def engine_refusals(*, kv_cache_dtype: str, head_size: int, quantization: str | None,
-                    cpu: Processor) -> list[str]:
+                    cpu: Processor, dtype: str = "auto") -> list[str]:
     """Every reason a CPU engine with these settings cannot start on ``cpu``."""
     reasons = (kv_cache_refusal(kv_cache_dtype, head_size, cpu),
-               quantization_refusal(quantization, cpu))
+               quantization_refusal(quantization, cpu),
+               activation_dtype_refusal(quantization, dtype, cpu))
     return [reason for reason in reasons if reason is not None]
 
 

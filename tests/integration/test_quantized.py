@@ -28,8 +28,12 @@ import yaml
 from cluster import processes
 from cluster.checkpoints import ensure_checkpoints
 from cluster.config import load_config, parse_config
-from cluster.engine.cpu_check import local_cluster_refusals
-from cluster.engine.cpu_support import kv_bytes_per_token
+from cluster.engine.cpu_check import local_cluster_refusals, local_processor
+from cluster.engine.cpu_support import (
+    activation_dtype_refusal,
+    kv_bytes_per_token,
+    kv_element_bytes,
+)
 from cluster.tiny_model import ensure_model
 from router.haproxy_edge import config_path, error_page, gateway_error_files
 from tests.integration.conftest import (
@@ -55,14 +59,19 @@ BASE_CONFIG_PATH = REPO / "tests/integration/pdserve-quantized.yaml"
 REFERENCE_PORT = 8545
 # Long enough to be running still when the test has seen it start and killed its router.
 KILLED_REQUEST_TOKENS = 2000
-FP8_BYTES = 1
 
 
 def _config_for_this_machine() -> tuple[dict, str | None]:
     """The cluster's config document with fp8 KV where this CPU can hold it, and the
-    reason it cannot (None: fp8 it is); the W8A8 checkpoint is made first."""
+    reason it cannot (None: fp8 it is); the W8A8 checkpoint is made first. On a CPU with
+    AMX the engines compute in bfloat16: vLLM's int8 kernel there takes no float32
+    (cluster/engine/cpu_support.py), and pdserve refuses the float32 config, as checked."""
     document = yaml.safe_load(BASE_CONFIG_PATH.read_text())
     ensure_checkpoints(parse_config(document))
+    if activation_dtype_refusal("compressed-tensors", document["engine"]["dtype"],
+                                local_processor()):
+        assert local_cluster_refusals(parse_config(document)), "float32 on AMX not refused"
+        document["engine"]["dtype"] = "bfloat16"
     document["engine"]["kv_cache_dtype"] = "fp8"
     refusals = local_cluster_refusals(parse_config(document))
     if refusals:
@@ -173,13 +182,14 @@ def test_a_long_prompts_kv_moves_over_nixl_at_the_caches_element_size(quantized)
         "block_size"] and moved["kv_transfer_failures"] == 0
     source = json.loads((REPO / document["model"]["quantize"]["source"] / "config.json")
                         .read_text())
-    per_token = kv_bytes_per_token(source, FP8_BYTES if engine["kv_cache_dtype"] == "fp8"
-                                   else 4)  # float32
+    per_token = kv_bytes_per_token(source, kv_element_bytes(
+        engine["dtype"], engine["kv_cache_dtype"], source))
     blocks = -(-moved["prompt_tokens_transferred"] // engine["block_size"])
     assert moved["kv_bytes_transferred"] == blocks * engine["block_size"] * per_token, moved
     assert engine_stats(url)["prefill"]["kv_cache_usage"] == 0  # blocks released
     if no_fp8 is not None:
-        pytest.skip(f"the KV moved in float32: this CPU cannot hold an fp8 cache ({no_fp8})")
+        pytest.skip(f"the KV moved in {engine['dtype']}: this CPU cannot hold an fp8 cache "
+                    f"({no_fp8})")
 
 
 # Last in the module: it kills the cluster's router replica (Serve starts another).

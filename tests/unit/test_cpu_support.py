@@ -4,6 +4,7 @@ import pytest
 
 from cluster.engine.cpu_support import (
     Processor,
+    activation_dtype_refusal,
     checkpoint_quantization,
     cpuinfo_flags,
     engine_refusals,
@@ -53,6 +54,18 @@ def test_fp8_weights_need_amx_fp8_int8_weights_do_not():
     assert quantization_refusal("fp8", AMX_FP8) is None
     for method in (None, "compressed-tensors", "awq"):
         assert quantization_refusal(method, AVX2) is None
+
+
+def test_int8_weights_on_amx_need_16_bit_activations():
+    # vLLM 0.32 runs them with its AMX kernel there, which fails on float32 activations
+    for dtype in ("float32", "float"):
+        reason = activation_dtype_refusal("compressed-tensors", dtype, AMX)
+        assert "engine.dtype: bfloat16" in reason and "AMX" in reason
+    for dtype in ("bfloat16", "float16", "auto"):
+        assert activation_dtype_refusal("compressed-tensors", dtype, AMX) is None
+    for cpu in (AVX2, AVX512):  # oneDNN's kernel takes float32
+        assert activation_dtype_refusal("compressed-tensors", "float32", cpu) is None
+    assert activation_dtype_refusal(None, "float32", AMX) is None
 
 
 def test_engine_refusals_lists_every_reason():
