@@ -27,7 +27,10 @@ look a stream busier than it is when the next turn arrives.
 Missing and stale stats. A replica that has not reported yet (just started) counts as empty:
 it is, and this router's own pending tally keeps it from being flooded until its first
 report. A replica whose last report is older than ``stale_after_s`` (it stopped answering
-the stats call: hung or overloaded) is ranked after every replica with a current report.
+the stats call: hung or overloaded) is ranked after every replica with a current report,
+and so is one whose report says its engine has held requests without a step for longer
+(a hung engine under a live replica, whose other figures are frozen: read as they are,
+they would draw requests to it once its streams had gone elsewhere).
 
 Many routers. Each router replica knows only its own sends since the last report, so a
 deterministic "least loaded first" sends every router's next request to the same replica:
@@ -456,7 +459,8 @@ def load_from_stats(
 
     Missing keys read as zero (a replica that has not reported yet is empty); a value of
     the wrong type reads as missing. Stale: the report carries ``reported_at`` and it is
-    older than ``stale_after_s``. Dead: the replica reported that its engine died.
+    older than ``stale_after_s``, or its engine has not stepped for longer with requests
+    in it. Dead: the replica reported that its engine died.
     """
     stats = stats or {}
     reported_at = _number(stats.get("reported_at"))
@@ -468,7 +472,8 @@ def load_from_stats(
         waiting_seqs=max(0, int(_number(stats.get("waiting_seqs")) or 0)),
         kv_usage=min(1.0, max(0.0, float(_number(stats.get("kv_usage")) or 0.0))),
         max_num_seqs=int(max_num_seqs) if max_num_seqs and max_num_seqs >= 1 else None,
-        stale=reported_at is not None and now - reported_at > stale_after_s,
+        stale=((reported_at is not None and now - reported_at > stale_after_s)
+               or (_number(stats.get("engine_stalled_s")) or 0.0) > stale_after_s),
         dead=bool(_number(stats.get("engine_dead"))),
         pending_tokens=pending_tokens,
         pending_requests=pending_requests,

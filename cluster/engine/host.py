@@ -227,9 +227,13 @@ class EngineHost:
                                    f"requests in it; its processes {killed} were killed")
         await self._engine.check_health()
 
+    def stalled_s(self) -> float:
+        """Seconds the engine has held requests without a step (0: stepping or idle)."""
+        return self._steps.stalled_s(time.monotonic())
+
     def _stalled_s(self) -> float | None:
         """How long the engine has held requests without a step, once that is a stall."""
-        stalled_s = self._steps.stalled_s(time.monotonic())
+        stalled_s = self.stalled_s()
         return stalled_s if is_stalled(stalled_s, self._stall_timeout_s) else None
 
     async def reject_transfer(self, request_id: str, kv_transfer_params: dict) -> None:
@@ -303,8 +307,7 @@ def _stats_logger_factory(stats: EngineStats, recorder: m.Recorder, counts: m.Co
 
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
             if scheduler_stats is not None:
-                steps.stepped(time.monotonic(), has_requests=bool(
-                    scheduler_stats.num_running_reqs or scheduler_stats.num_waiting_reqs))
+                steps.stepped(time.monotonic(), has_requests=_holds_requests(scheduler_stats))
                 _observe_scheduler(stats, recorder, tags, scheduler_stats)
                 _observe_speculation(stats, counts, tags, scheduler_stats.spec_decoding_stats)
             if iteration_stats is not None:
@@ -314,6 +317,13 @@ def _stats_logger_factory(stats: EngineStats, recorder: m.Recorder, counts: m.Co
             pass
 
     return _Logger
+
+
+def _holds_requests(scheduler_stats: Any) -> bool:
+    """The scheduler holds requests after this step: running, waiting, or waiting aside
+    (vLLM's deferred queue, e.g. a request whose KV is still being pulled)."""
+    return bool(scheduler_stats.num_running_reqs or scheduler_stats.num_waiting_reqs
+                or getattr(scheduler_stats, "num_skipped_waiting_reqs", 0))
 
 
 def _kill_engine_processes(engine: Any) -> list[int]:
@@ -473,7 +483,8 @@ class EngineReplica:
     async def record_routing_stats(self) -> dict:
         """This replica's load for the pool's request router (Serve polls it every ~1 s)."""
         return routing_stats_from(self._host.stats, max_num_seqs=self._host.max_num_seqs,
-                                  reported_at=time.time(), engine_dead=self._host.engine_dead)
+                                  reported_at=time.time(), engine_dead=self._host.engine_dead,
+                                  engine_stalled_s=self._host.stalled_s())
 
     async def check_health(self) -> None:
         await self._host.check_health()

@@ -16,6 +16,10 @@ Keys:
   router replicas send (``router.replica_choice.OtherRouters``).
 - ``engine_dead``: 1 when the replica's engine died (the actor lives on until Serve's
   health check replaces it); routers rank it last. Absent otherwise.
+- ``engine_stalled_s``: seconds the engine has held requests without a step
+  (cluster/engine/stall.py), when above 0. The other figures are then the ones it had when
+  it stopped; routers rank a replica stalled for longer than their ``stale_after_s`` as
+  they rank one whose reports stopped. Absent otherwise.
 - ``reported_at``: wall-clock time of the report (when given). Routers use it to drop
   their own tally of requests the report already includes, and to rank a replica whose
   reports stopped coming last.
@@ -32,6 +36,7 @@ def routing_stats_from(
     max_num_seqs: int | None = None,
     reported_at: float | None = None,
     engine_dead: bool = False,
+    engine_stalled_s: float = 0.0,
 ) -> dict[str, int | float]:
     """The routing-stats dict of one engine, from its ``EngineStats``."""
     report: dict[str, int | float] = {
@@ -47,4 +52,6 @@ def routing_stats_from(
         report["reported_at"] = reported_at
     if engine_dead:
         report["engine_dead"] = 1
+    if engine_stalled_s > 0:
+        report["engine_stalled_s"] = round(engine_stalled_s, 3)
     return report

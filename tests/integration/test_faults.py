@@ -383,9 +383,9 @@ def test_a_decode_replica_killed_midstream_loses_no_token(cluster):
 def test_a_hung_decode_engine_is_left_behind_at_its_deadline_then_replaced(cluster):
     """The decode engine computing a stream is SIGSTOPped 200 tokens in: the stream goes
     on on the other replica once ``router.deadlines.token_gap_s`` passed, every token
-    once. Nobody resumes the hung engine: its own replica, seeing it hold a request
-    without a step for ``engine.stall_timeout_s``, kills it (only a SIGKILL ends a stopped
-    process), and Serve replaces the replica."""
+    once, and new requests keep off the hung engine. Nobody resumes it: its own replica,
+    seeing it hold a request without a step for ``engine.stall_timeout_s``, kills it (only
+    a SIGKILL ends a stopped process), and Serve replaces the replica."""
     before = retried("decode", "migrate", "deadline")
     stopped: list[psutil.Process] = []
 
@@ -398,6 +398,17 @@ def test_a_hung_decode_engine_is_left_behind_at_its_deadline_then_replaced(clust
         expected, received, (other, _) = _fault_midstream(cluster, stop)
         assert received == expected and other == ["[DONE]"]
         counted("decode", "migrate", "deadline", before + 1)
+        # Meanwhile its replica reports its engine stalled, with figures frozen idle (its
+        # stream went elsewhere): four requests sent at once all keep off it, none waits
+        # out a deadline there. (Read as they are, those figures would draw half of them.)
+        retries_before, answered_before = retried("decode", None), answered_ok()
+        answers = [Background(lambda: complete(cluster, unique_prompt(20), max_tokens=16))
+                   for _ in range(4)]
+        for answer in answers:
+            response = answer.result()
+            assert response.status_code == 200, response.text
+        wait_for(lambda: answered_ok() >= answered_before + 4, "the four answers counted", 60)
+        assert retried("decode", None) == retries_before, "a new request met the hung engine"
         wait_for(lambda: gone([core.pid for core in stopped]),
                  "the hung EngineCore killed by its replica",
                  CONFIG.engine.stall_timeout_s + 90)

@@ -214,6 +214,21 @@ def test_old_reports_are_stale_and_garbage_reads_as_missing():
     assert not load_from_stats("a", stats, now=94, stale_after_s=5).stale
 
 
+def test_a_replica_whose_engine_stopped_stepping_reads_as_stale_though_it_reports():
+    # A hung engine under a live replica: current reports, frozen figures. With its
+    # streams gone elsewhere it reads idle, and would draw the next request.
+    hung = {"running_seqs": 0, "reported_at": 99.5, "engine_stalled_s": 12.0}
+    busy = {"running_seqs": 30, "reported_at": 99.5}
+    loads = [load_from_stats(r, stats, now=100, stale_after_s=5)
+             for r, stats in (("hung", hung), ("busy", busy))]
+    assert loads[0].stale and not loads[1].stale
+    assert rank_decode(loads, DECODE)[0] == "busy"
+    # a step that has taken a while, or garbage, is not a stall
+    for stalled in (4.0, "long", None):
+        assert not load_from_stats("a", {**hung, "engine_stalled_s": stalled}, now=100,
+                                   stale_after_s=5).stale
+
+
 # -- prefill ranking --------------------------------------------------------------------
 
 POLICY = prefill_policy(max_imbalance_tokens=1000)
@@ -552,6 +567,10 @@ def test_a_report_of_a_dead_engine_marks_its_replica_dead():
     alive = routing_stats_from(EngineStats(role="decode", engine_id="d"), reported_at=5.0)
     assert "engine_dead" not in alive
     assert not load_from_stats("r", alive, now=5.0, stale_after_s=5).dead
+    stalled = routing_stats_from(EngineStats(role="decode", engine_id="d"), reported_at=5.0,
+                                 engine_stalled_s=6.25)
+    assert stalled["engine_stalled_s"] == 6.25 and "engine_stalled_s" not in alive
+    assert load_from_stats("r", stalled, now=5.0, stale_after_s=5).stale
 
 
 def test_a_replica_with_a_dead_engine_ranks_last_in_both_pools_even_idle_and_fresh():
