@@ -213,11 +213,11 @@ class EngineHost:
         if self._hung_killed:
             await self._engine.check_health()  # vLLM's monitor may not have seen it yet
             raise RuntimeError("engine hung and killed; waiting to be replaced")
-        if self._stalled_s() is not None:
+        if self._stall_past_limit_s() is not None:
             # Checked again after a moment: a replica that was itself paused (stopped,
             # swapped out) has the engine's reports of the meantime still to read.
             await asyncio.sleep(STALL_RECHECK_S)
-            if (stalled_s := self._stalled_s()) is not None:
+            if (stalled_s := self._stall_past_limit_s()) is not None:
                 self._hung_killed = True
                 killed = _kill_engine_processes(self._engine)
                 logger.error("%s engine %s has held requests for %.0f s without a step: "
@@ -231,8 +231,8 @@ class EngineHost:
         """Seconds the engine has held requests without a step (0: stepping or idle)."""
         return self._steps.stalled_s(time.monotonic())
 
-    def _stalled_s(self) -> float | None:
-        """How long the engine has held requests without a step, once that is a stall."""
+    def _stall_past_limit_s(self) -> float | None:
+        """``stalled_s()`` once it reached ``engine.stall_timeout_s``, else None."""
         stalled_s = self.stalled_s()
         return stalled_s if is_stalled(stalled_s, self._stall_timeout_s) else None
 

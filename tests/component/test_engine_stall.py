@@ -7,6 +7,7 @@ child, as vLLM's EngineCore with its worker) under a stand-in for vLLM's ``Async
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -22,14 +23,14 @@ from cluster.engine.stats import EngineStats
 
 
 def _worker() -> None:
-    time.sleep(600)
+    signal.pause()  # until killed
 
 
 def _engine_core(ready) -> None:
     child = multiprocessing.get_context("spawn").Process(target=_worker, daemon=False)
     child.start()
     ready.send(child.pid)
-    time.sleep(600)
+    signal.pause()  # until killed
 
 
 @pytest.fixture
@@ -66,6 +67,14 @@ def host_over(core, steps: StepWatch, stall_timeout_s: float | None) -> EngineHo
                       stall_timeout_s=stall_timeout_s)
 
 
+def _existing(pids: list[int]) -> list[psutil.Process]:
+    found = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            found.append(psutil.Process(pid))
+    return found
+
+
 def alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -82,10 +91,9 @@ def test_a_stopped_engine_holding_requests_is_killed_and_the_check_fails(engine_
     with pytest.raises(RuntimeError, match="engine hung: no step for 9"):
         asyncio.run(host.check_health())
     core.join(30)
-    deadline = time.monotonic() + 30
-    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(alive(pid) for pid in pids), "the engine core or its worker survived"
+    _, survivors = psutil.wait_procs(_existing(pids), timeout=30)
+    assert not [process for process in survivors if alive(process.pid)], \
+        "the engine core or its worker survived"
     # Serve asks again until it replaces the replica: the check keeps failing, once killed
     with pytest.raises(RuntimeError, match="hung and killed"):
         asyncio.run(host.check_health())
