@@ -38,6 +38,41 @@ HOP_PARTS = tuple(f"{pool} {name}" for pool in ("prefill", "decode")
                   for name in HOP_PHASES.values())
 
 
+# vLLM's own server records the same two engine phases of each finished request (its
+# ``FinishedRequestStats``, which pdserve's engines export as ``queued`` and ``prefill``),
+# in histograms whose first bucket bound (0.3 s) is far too coarse for a median at this
+# size; their sums are exact, so they give means.
+VLLM_PHASES = {"vllm:request_queue_time_seconds": "engine queued",
+               "vllm:request_prefill_time_seconds": "engine prefill"}
+# (phase, "sum" or "count") -> value summed over engines and models
+VllmPhaseTotals = dict[tuple[str, str], float]
+
+
+def vllm_phase_totals(families) -> VllmPhaseTotals:
+    """The ``VLLM_PHASES`` histograms' sums and counts out of a vLLM server's parsed
+    ``/metrics``."""
+    totals: VllmPhaseTotals = defaultdict(float)
+    for family in families:
+        phase = VLLM_PHASES.get(family.name)
+        for sample in family.samples if phase else ():
+            series = sample.name.rsplit("_", 1)[-1]
+            if series in ("sum", "count"):
+                totals[(phase, series)] += sample.value
+    return dict(totals)
+
+
+def vllm_phase_means(before: VllmPhaseTotals,
+                     after: VllmPhaseTotals) -> dict[str, dict[str, float]]:
+    """Per phase of the requests finished between two scrapes: requests and mean (s)."""
+    result = {}
+    for phase in VLLM_PHASES.values():
+        count = after.get((phase, "count"), 0.0) - before.get((phase, "count"), 0.0)
+        if count > 0:
+            total = after.get((phase, "sum"), 0.0) - before.get((phase, "sum"), 0.0)
+            result[phase] = {"requests": count, "mean_s": total / count}
+    return result
+
+
 def stage_samples(families) -> StageSamples:
     """The stage and engine-phase histograms' samples out of ``prometheus_client``'s
     parsed families."""

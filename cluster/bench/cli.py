@@ -280,6 +280,31 @@ def _work_since(metrics_url: str, before: Scrape, answered: int) -> dict[str, di
     return {"stages": stages, "engine_work": engine_work.since(work_before, work_after)}
 
 
+def _vllm_phases(base_url: str) -> breakdown.VllmPhaseTotals:
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{base_url}/metrics", timeout=30).text
+    return breakdown.vllm_phase_totals(text_string_to_metric_families(text))
+
+
+def _vllm_phases_since(base_url: str, before: breakdown.VllmPhaseTotals,
+                       answered: int) -> dict[str, dict[str, float]]:
+    """A vLLM server's engine phases (means) of the ``answered`` requests since ``before``:
+    its API server records a request's when its last output arrives, which can be just
+    after the client has read the stream's end (10 s at most)."""
+    deadline = time.monotonic() + 10
+    phases = breakdown.vllm_phase_means(before, _vllm_phases(base_url))
+    while (phases.get("engine prefill", {}).get("requests", 0) < answered
+           and time.monotonic() < deadline):
+        time.sleep(0.2)
+        phases = breakdown.vllm_phase_means(before, _vllm_phases(base_url))
+    print("vllm: its engine's phases (means; vLLM's own buckets are too coarse for a p50)")
+    for phase, row in phases.items():
+        print(f"  {phase:<24}{row['requests']:>9.0f}{row['mean_s'] * 1000:>9.1f}")
+    return phases
+
+
 # ---- run -------------------------------------------------------------------------------
 
 def _run(args) -> int:
@@ -652,6 +677,7 @@ def _overhead(args) -> int:
             _warm_up(server.base_url, config.model.name)
             metrics_url = metrics_url_of(config) if setup != "vllm" else None
             before = _settled_scrape(metrics_url)
+            vllm_before = _vllm_phases(server.base_url) if setup == "vllm" else None
             runs[setup] = overhead.measure(server.base_url, config.model.name, requests,
                                            args.max_tokens, server.process.pid,
                                            concurrency=args.concurrency,
@@ -660,6 +686,11 @@ def _overhead(args) -> int:
                 print(f"{setup}: where the time to the first event went")
                 runs[setup] |= _work_since(metrics_url, before, runs[setup]["n"])
                 runs[setup]["ttft_by_owner_s"] = overhead.engine_share(runs[setup]["stages"])
+            if vllm_before is not None:  # its one engine's phases, to set beside pdserve's
+                runs[setup]["stages"] = _vllm_phases_since(server.base_url, vllm_before,
+                                                           runs[setup]["n"])
+            runs[setup]["prompt_prefill_mean_s"] = overhead.prompt_prefill_mean_s(
+                runs[setup].get("stages"))
     print(overhead.latency_table(runs, baseline="vllm"))
     print(overhead.cpu_table(runs))
     for setup, run in runs.items():

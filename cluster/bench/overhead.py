@@ -89,7 +89,22 @@ def shorten(requests: list[PlannedRequest], max_tokens: int,
 
 
 LATENCY_ROWS = (("TTFT p50", "ttft_p50_s"), ("TTFT p95", "ttft_p95_s"),
-                ("per token p50", "per_token_p50_s"), ("E2E p50", "e2e_p50_s"))
+                ("per token p50", "per_token_p50_s"), ("E2E p50", "e2e_p50_s"),
+                ("prompt's prefill", "prompt_prefill_mean_s"))
+
+
+def prompt_prefill_mean_s(stages: dict[str, dict[str, float]] | None) -> float | None:
+    """The mean time the engine that computed each prompt took for it, from the first
+    step that scheduled it to its first token: vLLM's server's one engine (its
+    ``engine prefill``), pdserve's prefill engine on the disaggregated path and its decode
+    engine on the decode-local one. That is engine compute against engine compute,
+    whatever the serving layers around each add."""
+    if not stages:
+        return None
+    for phase in ("prefill engine prefill", "decode engine prefill", "engine prefill"):
+        if phase in stages:
+            return stages[phase]["mean_s"]
+    return None
 
 
 def latency_table(runs: dict[str, dict[str, Any]], baseline: str) -> str:
@@ -100,7 +115,7 @@ def latency_table(runs: dict[str, dict[str, Any]], baseline: str) -> str:
     for label, key in LATENCY_ROWS:
         cells = []
         for name in names:
-            value, base = runs[name][key], runs[baseline][key]
+            value, base = runs[name].get(key), runs[baseline].get(key)
             if value is None:
                 cells.append("-")
             elif name == baseline or base is None:

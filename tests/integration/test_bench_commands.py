@@ -65,6 +65,13 @@ def test_overhead_times_vllm_and_each_pdserve_path_as_configured(tmp_path):
     assert split["engine_work"]["kv bytes pulled"] > 0
     assert split["engine_work"]["decode prompt tokens transferred"] > 0
     assert "router's part of the TTFT" in completed.stdout
+    # vLLM's own engine phases, from its server's /metrics, beside the engine that
+    # computed each pdserve prompt: the same measure on each side
+    assert runs["vllm"]["stages"]["engine prefill"]["requests"] == 2
+    assert runs["vllm"]["stages"]["engine queued"]["requests"] == 2
+    assert local["prompt_prefill_mean_s"] == local["stages"]["decode engine prefill"]["mean_s"]
+    assert split["prompt_prefill_mean_s"] == split["stages"]["prefill engine prefill"]["mean_s"]
+    assert all(run["prompt_prefill_mean_s"] > 0 for run in runs.values())
 
 
 def test_variants_serve_each_config_and_count_what_the_engines_did(tmp_path):

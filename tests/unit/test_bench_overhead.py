@@ -79,3 +79,17 @@ def test_relay_capacity_is_one_core_over_the_cpu_a_token_took():
     assert overhead.relay_capacity(run) == 8000
     assert overhead.relay_capacity(run, "proxy") is None  # nothing beyond idle: no figure
     assert overhead.relay_capacity({"cpu_ms_per_token": {}}) is None
+
+
+def test_the_prompts_prefill_is_the_engine_that_computed_it():
+    stage = lambda mean: {"requests": 4, "mean_s": mean}  # noqa: E731
+    disaggregated = {"prefill engine prefill": stage(0.025), "decode engine prefill": stage(0.007)}
+    assert overhead.prompt_prefill_mean_s(disaggregated) == 0.025
+    assert overhead.prompt_prefill_mean_s({"decode engine prefill": stage(0.02)}) == 0.02
+    assert overhead.prompt_prefill_mean_s({"engine prefill": stage(0.018)}) == 0.018  # vLLM
+    assert overhead.prompt_prefill_mean_s(None) is None
+    runs = {"vllm": {**RUN, "prompt_prefill_mean_s": 0.018},
+            "pdserve decode_local": {**RUN, "prompt_prefill_mean_s": 0.0205}}
+    row = next(line for line in overhead.latency_table(runs, baseline="vllm").splitlines()
+               if "prompt's prefill" in line)
+    assert "18.0" in row and "20.5 (+2.5)" in row

@@ -108,3 +108,41 @@ def test_the_replicas_hops_to_their_engines_follow_the_engines_and_are_named_apa
     heading = lines.index("  and between each replica and its engine:")
     assert lines[heading + 1].split()[:4] == ["prefill", "replica", "to", "engine"]
     assert lines.index("  of which in the engines:") < heading
+
+
+def vllm_scrape(phases: dict[str, list[float]]) -> str:
+    """A vLLM server's /metrics text: its phase histograms, as vLLM 0.32 writes them
+    (one engine, its coarse buckets), beside a histogram of another name."""
+    lines = []
+    for name, values in phases.items():
+        labels = 'engine="0",model_name="m"'
+        lines += [f"# HELP {name} h", f"# TYPE {name} histogram",
+                  f"{name}_sum{{{labels}}} {sum(values)}"]
+        for bound in ("0.3", "0.5", "+Inf"):
+            count = sum(v <= float(bound) for v in values)
+            lines.append(f'{name}_bucket{{engine="0",le="{bound}",model_name="m"}} {count}.0')
+        lines.append(f"{name}_count{{{labels}}} {len(values)}.0")
+    return "\n".join(lines) + "\n"
+
+
+def vllm_totals(text: str) -> breakdown.VllmPhaseTotals:
+    return breakdown.vllm_phase_totals(text_string_to_metric_families(text))
+
+
+def test_a_vllm_servers_engine_phases_are_the_means_of_the_requests_between_scrapes():
+    queued, prefill = "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds"
+    before = vllm_totals(vllm_scrape({queued: [0.5, 0.5], prefill: [1.0, 1.0],
+                                      "vllm:e2e_request_latency_seconds": [2.0]}))
+    after = vllm_totals(vllm_scrape({queued: [0.5, 0.5, 0.001, 0.003],
+                                     prefill: [1.0, 1.0, 0.018, 0.022],
+                                     "vllm:e2e_request_latency_seconds": [2.0, 0.1]}))
+    means = breakdown.vllm_phase_means(before, after)
+    assert set(means) == {"engine queued", "engine prefill"}
+    assert means["engine queued"]["requests"] == 2
+    assert means["engine queued"]["mean_s"] == pytest.approx(0.002)
+    assert means["engine prefill"]["mean_s"] == pytest.approx(0.020)
+
+
+def test_no_request_between_the_scrapes_gives_no_vllm_phase():
+    text = vllm_scrape({"vllm:request_prefill_time_seconds": [0.02]})
+    assert breakdown.vllm_phase_means(vllm_totals(text), vllm_totals(text)) == {}
