@@ -56,7 +56,7 @@ def build_dashboard(slo: SLOConfig) -> dict[str, Any]:
         ("Inter-token latency vs SLO", [*_quantiles(m.ITL), _slo_line(slo.itl_p95_s)], "s",
          f"Gaps between streamed tokens; the SLO is p95 < {slo.itl_p95_s * 1000:g} ms."),
         ("Where the time to the first event goes (mean per request, by stage)", [{
-            "expr": f"sum by (stage) (rate({m.STAGE.exported_name}_sum[{_RATE}])) / "
+            "expr": f"sum by (stage) (rate({m.STAGE_TOTAL.exported_name}[{_RATE}])) / "
                     f"sum by (stage) (rate({m.STAGE.exported_name}_count[{_RATE}]))",
             "legendFormat": "{{stage}}"}], "s",
          "render (vLLM's layer: template, tokenize), admission (waiting for the budget), "
@@ -67,7 +67,7 @@ def build_dashboard(slo: SLOConfig) -> dict[str, Any]:
                     f"(rate({m.STAGE.exported_name}_bucket[{_RATE}])))",
             "legendFormat": "p95 {{stage}}"}], "s", ""),
         ("The engines' part of the pool stages, and the hops to them (mean per request)", [{
-            "expr": f"sum by (pool, phase) (rate({m.ENGINE_PHASE.exported_name}_sum[{_RATE}])) "
+            "expr": f"sum by (pool, phase) (rate({m.ENGINE_PHASE_TOTAL.exported_name}[{_RATE}])) "
                     f"/ sum by (pool, phase) "
                     f"(rate({m.ENGINE_PHASE.exported_name}_count[{_RATE}]))",
             "legendFormat": "{{pool}} {{phase}}"}], "s",

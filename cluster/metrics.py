@@ -109,6 +109,19 @@ ENGINE_PHASE = MetricSpec("pdserve_engine_request_seconds", "histogram",
                           "(the engine's output to the replica holding it)",
                           (*POOL_TAGS, "phase"), STAGE_BUCKETS)
 
+# Ray's exporter rebuilds a histogram's ``_sum`` from its buckets' midpoints (a 16 ms
+# observation in the 15-20 ms bucket is summed as 17.5 ms), which is coarser than the
+# milliseconds the breakdown is for. These two histograms' observations are therefore also
+# summed exactly into a counter each; the stage means `pdserve bench` prints and the
+# dashboard plots are read from those.
+STAGE_TOTAL = MetricSpec("pdserve_stage_seconds_total", "counter",
+                         "Exact sum of pdserve_request_stage_seconds's observations",
+                         STAGE.tags)
+ENGINE_PHASE_TOTAL = MetricSpec("pdserve_engine_phase_seconds_total", "counter",
+                                "Exact sum of pdserve_engine_request_seconds's observations",
+                                ENGINE_PHASE.tags)
+EXACT_SUMS = {STAGE.name: STAGE_TOTAL, ENGINE_PHASE.name: ENGINE_PHASE_TOTAL}
+
 # --- KV transfer (recorded by the decode engines that pull) ----------------------------
 KV_TRANSFER_SECONDS = MetricSpec("pdserve_kv_transfer_seconds", "histogram",
                                  "Duration of one NIXL KV transfer", POOL_TAGS,
@@ -167,7 +180,7 @@ PREFILL_PER_DECODE = MetricSpec("pdserve_autoscaling_prefill_per_decode", "gauge
 CATALOGUE: tuple[MetricSpec, ...] = (
     TTFT, ITL, E2E, QUEUE, STAGE, REQUESTS, PROMPT_TOKENS, GENERATION_TOKENS, OUTPUT_CHUNKS,
     REPLICAS, RUNNING, WAITING, KV_USAGE, ENGINE_PROMPT_TOKENS, ENGINE_GENERATION_TOKENS,
-    SPEC_TOKENS, ENGINE_PHASE,
+    SPEC_TOKENS, ENGINE_PHASE, STAGE_TOTAL, ENGINE_PHASE_TOTAL,
     KV_TRANSFER_SECONDS, KV_TRANSFER_BYTES, KV_TRANSFER_FAILURES, KV_LEASES_EXPIRED,
     KV_HANDLES_LATE, RETRIES,
     RESPONSE_CACHE_REQUESTS, RESPONSE_CACHE_SAVED_TOKENS, RESPONSE_CACHE_ERRORS,
@@ -219,6 +232,9 @@ class Recorder:
 
     def observe(self, spec: MetricSpec, tags: dict[str, str], value: float) -> None:
         self._metric(spec).observe(value, tags=tags)
+        exact_sum = EXACT_SUMS.get(spec.name)
+        if exact_sum is not None:
+            self.inc(exact_sum, tags, value)
 
 
 # How often an engine replica publishes its gauges and flushes its gathered ``Counts`` to

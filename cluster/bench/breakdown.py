@@ -10,8 +10,9 @@ to engine" and "<pool> engine to replica"); what is left is Serve's calls, the r
 and the replicas' own code. A benchmark scrapes the Prometheus text before and after its run; the
 difference is that run's requests alone, whatever ran before. Quantiles are read from the
 bucket counts the way Prometheus's ``histogram_quantile`` does (linear within a bucket).
-Means are approximate too: Ray's metrics exporter rebuilds a histogram's sum from the
-midpoints of the buckets its observations fell in (``cluster/metrics.py``, STAGE_BUCKETS).
+Means are exact: Ray's metrics exporter rebuilds a histogram's sum from the midpoints of
+the buckets its observations fell in, so each observation is also summed into a counter
+(``cluster/metrics.py``, EXACT_SUMS), and the means are read from those.
 """
 
 from __future__ import annotations
@@ -88,10 +89,13 @@ def stage_samples(families) -> StageSamples:
 
 
 def _part_of(sample) -> tuple[str | None, str]:
-    """The breakdown part a sample belongs to, and its series (bucket, sum or count)."""
+    """The breakdown part a sample belongs to, and its series (bucket, sum, count, or
+    ``exact_sum``: the histogram's companion counter, metrics.EXACT_SUMS)."""
     for spec in (m.STAGE, m.ENGINE_PHASE):
-        if sample.name.startswith(spec.exported_name + "_"):
-            series = sample.name[len(spec.exported_name) + 1:]
+        exact_sum = m.EXACT_SUMS[spec.name].exported_name
+        if sample.name == exact_sum or sample.name.startswith(spec.exported_name + "_"):
+            series = ("exact_sum" if sample.name == exact_sum
+                      else sample.name[len(spec.exported_name) + 1:])
             labels = sample.labels
             if spec is m.STAGE:
                 return labels.get("stage"), series
@@ -123,10 +127,14 @@ def breakdown(before: StageSamples, after: StageSamples) -> dict[str, dict[str, 
             continue
         buckets = sorted(
             (float(key), _delta(before, after, stage, key))
-            for (name, key) in after if name == stage and key not in ("sum", "count"))
+            for (name, key) in after
+            if name == stage and key not in ("sum", "count", "exact_sum"))
+        # the exact sum where the cluster exports it (one that predates it: the midpoints)
+        total = (_delta(before, after, stage, "exact_sum") if (stage, "exact_sum") in after
+                 else _delta(before, after, stage, "sum"))
         result[stage] = {
             "requests": count,
-            "mean_s": _delta(before, after, stage, "sum") / count,
+            "mean_s": total / count,
             "p50_s": quantile(0.5, buckets),
             "p95_s": quantile(0.95, buckets),
         }

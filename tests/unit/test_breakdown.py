@@ -146,3 +146,25 @@ def test_a_vllm_servers_engine_phases_are_the_means_of_the_requests_between_scra
 def test_no_request_between_the_scrapes_gives_no_vllm_phase():
     text = vllm_scrape({"vllm:request_prefill_time_seconds": [0.02]})
     assert breakdown.vllm_phase_means(vllm_totals(text), vllm_totals(text)) == {}
+
+
+def test_a_stages_mean_is_its_exact_sum_where_the_cluster_exports_one():
+    """Ray's exporter sums a histogram's observations at their buckets' midpoints (16 ms
+    counted as 17.5 in the 15-20 ms bucket); the companion counter has the exact sum."""
+    total = m.STAGE_TOTAL.exported_name
+    labels = 'model="m",path="disaggregated",stage="first_token",WorkerId="w1"'
+
+    def with_exact(values: list[float], midpoint_sum: float) -> str:
+        text = scrape({"first_token": values}).replace(
+            f"{NAME}_sum{{{labels}}} {sum(values)}", f"{NAME}_sum{{{labels}}} {midpoint_sum}")
+        return text + f"# TYPE {total} counter\n{total}{{{labels}}} {sum(values)}\n"
+
+    before = samples(with_exact([0.016] * 2, 0.035))
+    after = samples(with_exact([0.016] * 6, 0.105))
+    row = breakdown.breakdown(before, after)["first_token"]
+    assert row["requests"] == 4
+    assert row["mean_s"] == pytest.approx(0.016)  # not the midpoints' 0.0175
+    # a cluster that exports no such counter: the histogram's own sum
+    plain = breakdown.breakdown(samples(scrape({"first_token": [0.016] * 2})),
+                                samples(scrape({"first_token": [0.016] * 6})))
+    assert plain["first_token"]["mean_s"] == pytest.approx(0.016)
