@@ -12,17 +12,26 @@ from cluster.bench import breakdown
 NAME = m.STAGE.exported_name
 
 
+def histogram_lines(name: str, labels: str, bounds: tuple[float, ...],
+                    values: list[float]) -> list[str]:
+    """One labelled series of histogram ``name`` in Prometheus text: ``values``
+    (seconds) in buckets of ``bounds`` (and +Inf), their sum and count."""
+    lines = []
+    for bound in (*bounds, float("inf")):
+        le = "+Inf" if bound == float("inf") else repr(bound)
+        count = sum(value <= bound for value in values)
+        lines.append(f'{name}_bucket{{{labels},le="{le}"}} {count}')
+    lines.append(f"{name}_sum{{{labels}}} {sum(values)}")
+    lines.append(f"{name}_count{{{labels}}} {len(values)}")
+    return lines
+
+
 def scrape(stages: dict[str, list[float]], worker: str = "w1") -> str:
     """Prometheus text of the stage histogram with ``stages``' observations (seconds)."""
     lines = [f"# TYPE {NAME} histogram"]
     for stage, values in stages.items():
         labels = f'model="m",path="disaggregated",stage="{stage}",WorkerId="{worker}"'
-        for bound in (*m.STAGE_BUCKETS, float("inf")):
-            le = "+Inf" if bound == float("inf") else repr(bound)
-            count = sum(value <= bound for value in values)
-            lines.append(f'{NAME}_bucket{{{labels},le="{le}"}} {count}')
-        lines.append(f"{NAME}_sum{{{labels}}} {sum(values)}")
-        lines.append(f"{NAME}_count{{{labels}}} {len(values)}")
+        lines += histogram_lines(NAME, labels, m.STAGE_BUCKETS, values)
     return "\n".join(lines) + "\n"
 
 
@@ -111,17 +120,12 @@ def test_the_replicas_hops_to_their_engines_follow_the_engines_and_are_named_apa
 
 
 def vllm_scrape(phases: dict[str, list[float]]) -> str:
-    """A vLLM server's /metrics text: its phase histograms, as vLLM 0.32 writes them
-    (one engine, its coarse buckets), beside a histogram of another name."""
+    """A vLLM server's /metrics text: histograms with vLLM 0.32's names, labels (one
+    engine) and coarse buckets, its phases beside one of another name."""
     lines = []
     for name, values in phases.items():
-        labels = 'engine="0",model_name="m"'
         lines += [f"# HELP {name} h", f"# TYPE {name} histogram",
-                  f"{name}_sum{{{labels}}} {sum(values)}"]
-        for bound in ("0.3", "0.5", "+Inf"):
-            count = sum(v <= float(bound) for v in values)
-            lines.append(f'{name}_bucket{{engine="0",le="{bound}",model_name="m"}} {count}.0')
-        lines.append(f"{name}_count{{{labels}}} {len(values)}.0")
+                  *histogram_lines(name, 'engine="0",model_name="m"', (0.3, 0.5), values)]
     return "\n".join(lines) + "\n"
 
 
