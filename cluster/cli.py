@@ -11,6 +11,10 @@
 ``pdserve dashboard``  print the Grafana dashboard of pdserve's metrics (JSON), its SLO
                    lines at the config's ``slo``.
 ``pdserve bench``  load generation and comparisons (``pdserve bench --help``).
+``pdserve plan``   size a cluster by simulating its policies (``pdserve plan --help``).
+
+The last two are the tools wing's (tools/): they plug in through the ``pdserve.commands``
+entry points (pyproject.toml), so the runtime never imports them.
 """
 
 from __future__ import annotations
@@ -20,12 +24,12 @@ import os
 import signal
 import sys
 import threading
+from importlib.metadata import entry_points
 from pathlib import Path
+from types import ModuleType
 
 from cluster.config import DEFAULT_CONFIG_PATH, ConfigError, PDServeConfig, load_config
-from cluster.cores import parse_cores
-
-SERVING_BANNER = "pdserve is serving"  # printed once serve.run has returned: ready
+from cluster.local_node import SERVING_BANNER, port_is_free, run_on_serving_cores
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,21 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     ]:
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument("--config", type=Path, default=DEFAULT_CONFIG_PATH)
-    from cluster.bench.cli import add_parser as add_bench_parser
-
-    add_bench_parser(commands)
-    from cluster.planner.cli import add_parser as add_plan_parser
-
-    add_plan_parser(commands)
+    tools = _tool_commands()
+    for tool in tools.values():
+        tool.add_parser(commands)
     args = parser.parse_args(argv)
-    if args.command == "bench":
-        from cluster.bench.cli import main as bench_main
-
-        return bench_main(args)
-    if args.command == "plan":
-        from cluster.planner.cli import main as plan_main
-
-        return plan_main(args)
+    if args.command in tools:
+        return tools[args.command].main(args)
     try:
         config = load_config(args.config)
     except ConfigError as error:
@@ -66,6 +61,16 @@ def main(argv: list[str] | None = None) -> int:
     commands = {"up": _up, "deploy": _deploy, "model": _model, "config": _show_config,
                 "dashboard": _dashboard}
     return commands[args.command](config)
+
+
+TOOL_COMMANDS = "pdserve.commands"
+
+
+def _tool_commands() -> dict[str, ModuleType]:
+    """The installed tools' commands by name: each entry point names a module with
+    ``add_parser(subparsers)`` and ``main(args) -> int``, and imports no more than its
+    parser until ``main`` runs."""
+    return {point.name: point.load() for point in entry_points(group=TOOL_COMMANDS)}
 
 
 def _show_config(config: PDServeConfig) -> int:
@@ -150,8 +155,6 @@ def _up(config: PDServeConfig) -> int:
     local = config.ray.address is None
     if (local and _keys_present(config) != 0) or _model(config) != 0:
         return 2
-    from cluster.processes import port_is_free
-
     if local and not port_is_free(config.router.host, config.router.port):
         print(f"pdserve: port {config.router.port} on {config.router.host} is in use",
               file=sys.stderr)
@@ -249,22 +252,6 @@ def _haproxy_command(config: PDServeConfig) -> str | None:
           "package?): HAProxy will answer a lost router replica with Ray's plain-text 500",
           file=sys.stderr)
     return None
-
-
-def run_on_serving_cores(config: PDServeConfig) -> int:
-    """Move this process to ``ray.serving_cores`` before it starts the local cluster,
-    whose processes (Ray's, Serve's, the replicas and the engine schedulers they start)
-    inherit it; each engine's worker binds itself to its pool's cores."""
-    if config.ray.serving_cores is None:
-        return 0
-    cores, available = parse_cores(config.ray.serving_cores), os.sched_getaffinity(0)
-    if not cores <= available:
-        print(f"pdserve: ray.serving_cores {config.ray.serving_cores!r} names cores "
-              f"{sorted(cores - available)}, which this process may not run on (it may run "
-              f"on {sorted(available)})", file=sys.stderr)
-        return 2
-    os.sched_setaffinity(0, cores)
-    return 0
 
 
 def _metrics_url(config: PDServeConfig) -> str:

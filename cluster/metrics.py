@@ -1,4 +1,4 @@
-"""pdserve's Prometheus metrics: the catalogue and its recorders (shell: recorders write via Ray).
+"""pdserve's Prometheus metrics: the catalogue (pure; cluster/recorder.py records to it via Ray).
 
 Metrics are recorded with ``ray.util.metrics`` in whichever replica observes them (the
 router for what clients experience, each engine replica for its pool), and Ray exports them
@@ -198,45 +198,6 @@ def outcome_for_status(status: int) -> Outcome:
     return "failed"
 
 
-class Recorder:
-    """Creates the catalogue's metrics in this process on first use and records to them.
-
-    Only this class touches ``ray.util.metrics``; metrics are created lazily because Ray
-    registers them with the worker process that first creates them.
-    """
-
-    def __init__(self) -> None:
-        self._metrics: dict[str, object] = {}
-
-    def _metric(self, spec: MetricSpec):
-        metric = self._metrics.get(spec.name)
-        if metric is None:
-            from ray.util import metrics
-
-            if spec.kind == "counter":
-                metric = metrics.Counter(spec.name, spec.description, tag_keys=spec.tags)
-            elif spec.kind == "gauge":
-                metric = metrics.Gauge(spec.name, spec.description, tag_keys=spec.tags)
-            else:
-                metric = metrics.Histogram(spec.name, spec.description,
-                                           boundaries=list(spec.buckets), tag_keys=spec.tags)
-            self._metrics[spec.name] = metric
-        return metric
-
-    def inc(self, spec: MetricSpec, tags: dict[str, str], value: float = 1.0) -> None:
-        if value > 0:
-            self._metric(spec).inc(value, tags=tags)
-
-    def set(self, spec: MetricSpec, tags: dict[str, str], value: float) -> None:
-        self._metric(spec).set(value, tags=tags)
-
-    def observe(self, spec: MetricSpec, tags: dict[str, str], value: float) -> None:
-        self._metric(spec).observe(value, tags=tags)
-        exact_sum = EXACT_SUMS.get(spec.name)
-        if exact_sum is not None:
-            self.inc(exact_sum, tags, value)
-
-
 # How often an engine replica publishes its gauges and flushes its gathered ``Counts`` to
 # Ray (a thread, not the engine's steps): under Ray's export period, since Ray exports a
 # gauge only while it keeps being set. A count reaches a scrape up to this plus Ray's
@@ -248,41 +209,3 @@ def settle_s(report_period_s: float) -> float:
     """How long a scrape must stay unchanged before nothing counted earlier can still be on
     its way, given Ray's export period: an engine's flush, then an export, then a second."""
     return report_period_s + ENGINE_PUBLISH_S + 1
-
-
-class Counts:
-    """Counter increments and histogram observations gathered in memory, handed to Ray's
-    metrics by ``flush``.
-
-    A Ray counter's ``inc`` costs far more Python than an engine step can spare for it (1 to 2%
-    of a decode replica's py-spy samples under streaming load): engines add
-    their per-step counts here, and a thread of the replica flushes them a few times per
-    export period. Observations made on a request's way to its first token wait here too,
-    so that the token does not wait for them. Thread-safe.
-    """
-
-    def __init__(self) -> None:
-        import threading  # here, as Ray is: pure modules import this catalogue
-
-        self._lock = threading.Lock()
-        self._pending: dict[tuple[MetricSpec, tuple[tuple[str, str], ...]], float] = {}
-        self._observations: list[tuple[MetricSpec, dict[str, str], float]] = []
-
-    def add(self, spec: MetricSpec, tags: dict[str, str], value: float) -> None:
-        if value > 0:
-            key = (spec, tuple(sorted(tags.items())))
-            with self._lock:
-                self._pending[key] = self._pending.get(key, 0.0) + value
-
-    def observe(self, spec: MetricSpec, tags: dict[str, str], value: float) -> None:
-        with self._lock:
-            self._observations.append((spec, tags, value))
-
-    def flush(self, recorder: Recorder) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, {}
-            observations, self._observations = self._observations, []
-        for (spec, tags), value in pending.items():
-            recorder.inc(spec, dict(tags), value)
-        for spec, tags, value in observations:
-            recorder.observe(spec, tags, value)

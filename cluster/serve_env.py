@@ -10,10 +10,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from router.proxy_edge import proxy_env
-
 if TYPE_CHECKING:
     from cluster.config import HAProxyConfig
+
+# The environment variable through which Serve's proxies load middlewares, and ours
+# (router/proxy_edge.py: Serve's own answers made OpenAI errors).
+PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+PROXY_CALLBACK = "router.proxy_edge:proxy_middlewares"
+
+
+def proxy_env() -> dict[str, str]:
+    """The environment a Ray node's processes need for Serve's proxy to load the
+    middleware (set before the node starts: the proxy reads it once, at import)."""
+    return {PROXY_CALLBACK_ENV: PROXY_CALLBACK}
+
 
 # Serve's gRPC data plane (router.transport "grpc"; the variables of Ray 2.60's
 # RAY_SERVE_THROUGHPUT_OPTIMIZED that pdserve wants, without its direct ingress):

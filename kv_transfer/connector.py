@@ -1,10 +1,14 @@
-"""vLLM connector configuration for each role."""
+"""vLLM connector configuration for each role, and the KV plugin's settings (pure)."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
 Role = Literal["prefill", "decode"]
+
+# The environment through which kv_transfer/vllm_plugin.py takes its settings.
+PROGRESS_THREAD_ENV = "PDSERVE_NIXL_PROGRESS_THREAD"
+SHARED_MEMORY_ENV = "PDSERVE_KV_SHARED_MEMORY"
 
 # vLLM deprecated kv_both for disaggregation: producer on the prefill side, consumer on
 # the decode side, so each engine only does the half of the protocol it needs.

@@ -34,8 +34,8 @@ import logging
 import os
 import sys
 
-PROGRESS_THREAD_ENV = "PDSERVE_NIXL_PROGRESS_THREAD"
-SHARED_MEMORY_ENV = "PDSERVE_KV_SHARED_MEMORY"
+from kv_transfer.connector import PROGRESS_THREAD_ENV, SHARED_MEMORY_ENV
+
 _NIXL_WORKER_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker"
 
 logger = logging.getLogger("vllm.pdserve")  # vLLM's handlers print it in the engine logs

@@ -24,6 +24,7 @@ from ray import serve
 
 from cluster import metrics as m
 from cluster.config import CanaryConfig, PDServeConfig
+from cluster.recorder import Recorder
 from router.canary import CanaryPolicy, GateDecision, OutcomeWindow, decide
 from router.canary_eval import EvalContext, evaluate
 from router.timing import RequestTimer
@@ -58,7 +59,7 @@ class RolloutController:
     """
 
     def __init__(self, config: PDServeConfig, *, clock: Clock = time.monotonic,
-                 sleep: Sleep = asyncio.sleep, recorder: m.Recorder | None = None):
+                 sleep: Sleep = asyncio.sleep, recorder: Recorder | None = None):
         self._clock = clock
         self._sleep = sleep
         self._config = config
@@ -69,7 +70,7 @@ class RolloutController:
         self._changed_at = clock()
         self._decisions: deque[dict] = deque(maxlen=50)
         self._last_hold_reason: str | None = None
-        self._recorder = m.Recorder() if recorder is None else recorder
+        self._recorder = Recorder() if recorder is None else recorder
         self._loop_task: asyncio.Task | None = None
         self._publish()
 

@@ -11,7 +11,7 @@ in front of it: ``x-request-timeout-seconds`` (0 lifts the timeout) and
 they would lift limits the operator set.
 
 ``ProxyEdge`` wraps the proxy's ASGI app (installed with Serve's
-``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH``, see ``proxy_env``):
+``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH``, see ``cluster.serve_env.proxy_env``):
 
 - it drops those two headers from requests;
 - a plain-text error answer becomes ``{"error": {...}}`` with the same status and headers;
@@ -30,14 +30,11 @@ Everything the router itself answers (JSON already) passes through untouched.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 from router.limits import declared_length
-
-# The environment variable through which Serve's proxies load middlewares, and ours.
-PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
-PROXY_CALLBACK = "router.proxy_edge:proxy_middlewares"
 
 _TYPE_BY_STATUS = {408: "timeout", 429: "rate_limit_exceeded", 500: "internal_error",
                    503: "service_unavailable"}
@@ -57,12 +54,6 @@ PRELOAD_MAX_BYTES = 1 << 20
 # sends its body with its headers; a slow upload is read by the router under the
 # request's own timeouts, not held here where none applies.
 PRELOAD_WAIT_S = 0.5
-
-
-def proxy_env() -> dict[str, str]:
-    """The environment a Ray node's processes need for Serve's proxy to load the
-    middleware (set before the node starts: the proxy reads it once, at import)."""
-    return {PROXY_CALLBACK_ENV: PROXY_CALLBACK}
 
 
 def proxy_middlewares() -> list[Any]:
@@ -135,8 +126,6 @@ async def preload_body(scope: dict[str, Any], receive: Any, limit: int = PRELOAD
     One still arriving after ``wait_s`` goes on without it: the app starts, under its own
     timeouts, and its receive waits until the reading is over (the body's end, ``limit``
     bytes, or the client gone); what is read beyond ``limit`` comes as it arrives."""
-    import asyncio  # here: cluster/serve_env.py (pure) imports this module's names
-
     declared = declared_length(_content_length(scope))
     if declared is not None and declared > limit:
         return scope, receive

@@ -223,7 +223,7 @@ class DecodeCacheBelief:
                 sequence[:-1], self.block_size, self.max_blocks, known))
 
     # The same, given the prompt's chain of block hashes instead of its tokens (the
-    # planner's simulator, cluster/planner/des.py, has prompts as chains, not tokens).
+    # planner's simulator, tools/planner/des.py, has prompts as chains, not tokens).
 
     def match_chain(self, chain: Sequence[BlockHash]) -> dict[ReplicaId, int]:
         return self._index.match(chain[:self.max_blocks])

@@ -10,9 +10,10 @@ import time
 from collections.abc import Callable
 
 from cluster import metrics as m
+from cluster.recorder import Recorder
 from router.timing import RequestTimer
 
-RECORDER = m.Recorder()
+RECORDER = Recorder()
 
 # Requests refused before their model is known are counted under this label.
 UNKNOWN = "unknown"

@@ -1,4 +1,4 @@
-"""A stand-in for ``cluster.metrics.Recorder`` that keeps what it was asked to record (the
+"""A stand-in for ``cluster.recorder.Recorder`` that keeps what it was asked to record (the
 real one creates Ray metrics), for tests of what pdserve counts."""
 
 from __future__ import annotations

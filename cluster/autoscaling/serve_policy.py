@@ -59,8 +59,8 @@ from cluster.metrics import (
     PREFILL_PER_DECODE,
     SCALE_EVENTS,
     STANDBY_FLOOR,
-    Recorder,
 )
+from cluster.recorder import Recorder
 from cluster.slo import SLOConfig
 
 # A child of Serve's logger, so decisions land in the controller's Serve log.

@@ -16,9 +16,8 @@ from typing import Any
 
 from cluster.config import PDServeConfig, PoolConfig
 from cluster.digest import short_digest
-from cluster.engine.vllm_plugin import NICE_ENV, WAIT_ENV
-from kv_transfer.connector import Role
-from kv_transfer.vllm_plugin import PROGRESS_THREAD_ENV, SHARED_MEMORY_ENV
+from cluster.engine.plugin_env import NICE_ENV, WAIT_ENV
+from kv_transfer.connector import PROGRESS_THREAD_ENV, SHARED_MEMORY_ENV, Role
 
 CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # the cores a CPU engine's threads run on
 # torch's switch that turns every torch.compile into the plain function

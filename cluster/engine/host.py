@@ -27,6 +27,7 @@ from cluster.engine.messages import EngineRequest
 from cluster.engine.routing_stats import routing_stats_from
 from cluster.engine.stall import StepWatch, is_stalled
 from cluster.engine.stats import EngineStats
+from cluster.recorder import Counts, Recorder
 from kv_transfer.connector import Role, connector_config, engine_id_for
 
 logger = logging.getLogger(__name__)
@@ -38,8 +39,8 @@ class EngineHost:
     """One running vLLM engine plus its statistics."""
 
     def __init__(self, engine: Any, stats: EngineStats,
-                 recorder: m.Recorder | None = None, tags: dict[str, str] | None = None,
-                 counts: m.Counts | None = None, steps: StepWatch | None = None,
+                 recorder: Recorder | None = None, tags: dict[str, str] | None = None,
+                 counts: Counts | None = None, steps: StepWatch | None = None,
                  stall_timeout_s: float | None = None):
         self._engine = engine
         self.stats = stats
@@ -50,12 +51,12 @@ class EngineHost:
         self._stop = threading.Event()
         self._callers = CallerWatch(lambda request_id: self._engine.abort(request_id))
         self._recorder, self._tags = recorder, tags
-        self._counts = counts or m.Counts()
+        self._counts = counts or Counts()
         if recorder is not None and tags is not None:
             threading.Thread(target=self._publish, args=(recorder, tags),
                              name="pdserve-gauges", daemon=True).start()
 
-    def _publish(self, recorder: m.Recorder, tags: dict[str, str]) -> None:
+    def _publish(self, recorder: Recorder, tags: dict[str, str]) -> None:
         """The engine's gauges and the counts its steps gathered, every ENGINE_PUBLISH_S.
         A failed round is logged and the next one tried: the counts must not pile up."""
         while not self._stop.wait(m.ENGINE_PUBLISH_S):
@@ -100,7 +101,7 @@ class EngineHost:
         args = AsyncEngineArgs(**engine_kwargs(config, role, kv_config, version))
         stats = EngineStats(role=role, engine_id=engine_id)
         tags = {"version": version, "pool": role, "replica": engine_id}
-        recorder, counts, steps = m.Recorder(), m.Counts(), StepWatch()
+        recorder, counts, steps = Recorder(), Counts(), StepWatch()
         engine = AsyncLLM.from_engine_args(
             args, stat_loggers=[_stats_logger_factory(stats, recorder, counts, tags, steps),
                                 _vllm_metrics_logger(config.engine.vllm_metrics)]
@@ -127,7 +128,7 @@ class EngineHost:
                   else decode_params(request.sampling, kv_transfer_params))
         # Already rendered, as vLLM's own server hands it over: AsyncLLM then queues it at
         # once. A raw TokensPrompt would first be rendered on a thread of AsyncLLM's pool,
-        # a thread hop each way on every request (scripts/engine_round_trip.py).
+        # a thread hop each way on every request (tools/experiments/engine_round_trip.py).
         prompt = tokens_input(list(request.prompt_token_ids))
         # Only the engine that samples the answer applies structured outputs after reasoning.
         reasoning = {} if prefill_only else {
@@ -295,7 +296,7 @@ def _kv_args(kv_transfer_params: Mapping[str, Any] | None) -> dict[str, Any] | N
     return {"kv_transfer_params": dict(kv_transfer_params)} if kv_transfer_params else None
 
 
-def _stats_logger_factory(stats: EngineStats, recorder: m.Recorder, counts: m.Counts,
+def _stats_logger_factory(stats: EngineStats, recorder: Recorder, counts: Counts,
                           tags: dict[str, str], steps: StepWatch):
     """A vLLM stat-logger factory whose loggers feed ``stats``, the Prometheus metrics and
     ``steps`` (the engine core reports its scheduler's stats after every step)."""
@@ -389,7 +390,7 @@ def _vllm_metrics_logger(export: bool):
     return _Unexported
 
 
-def _observe_scheduler(stats: EngineStats, recorder: m.Recorder, tags, scheduler_stats) -> None:
+def _observe_scheduler(stats: EngineStats, recorder: Recorder, tags, scheduler_stats) -> None:
     stats.observe_scheduler(
         scheduler_stats.kv_cache_usage,
         scheduler_stats.num_running_reqs,
@@ -415,7 +416,7 @@ def _observe_scheduler(stats: EngineStats, recorder: m.Recorder, tags, scheduler
     recorder.inc(m.KV_LEASES_EXPIRED, tags, leases_expired)
 
 
-def _observe_speculation(stats: EngineStats, counts: m.Counts, tags, spec) -> None:
+def _observe_speculation(stats: EngineStats, counts: Counts, tags, spec) -> None:
     """A step's speculative-decoding counts (None when the engine does not speculate)."""
     if spec is None:
         return
@@ -424,14 +425,14 @@ def _observe_speculation(stats: EngineStats, counts: m.Counts, tags, spec) -> No
     counts.add(m.SPEC_TOKENS, {**tags, "kind": "accepted"}, spec.num_accepted_tokens)
 
 
-def _publish_gauges(recorder: m.Recorder, tags: dict[str, str], stats: EngineStats) -> None:
+def _publish_gauges(recorder: Recorder, tags: dict[str, str], stats: EngineStats) -> None:
     recorder.set(m.REPLICAS, tags, 1)
     recorder.set(m.KV_USAGE, tags, stats.kv_cache_usage)
     recorder.set(m.RUNNING, tags, stats.num_running)
     recorder.set(m.WAITING, tags, stats.num_waiting)
 
 
-def _observe_iteration(stats: EngineStats, recorder: m.Recorder, counts: m.Counts, tags,
+def _observe_iteration(stats: EngineStats, recorder: Recorder, counts: Counts, tags,
                        iteration_stats) -> None:
     tokens = iteration_stats.prompt_token_stats
     stats.observe_iteration(

@@ -41,9 +41,8 @@ import logging
 import multiprocessing
 import os
 
-WAIT_ENV = "PDSERVE_ENGINE_WAIT"
-EMPTY_STEP_SLEEP_ENV = "PDSERVE_EMPTY_STEP_SLEEP"
-NICE_ENV = "PDSERVE_SCHEDULER_NICE"
+from cluster.engine.plugin_env import EMPTY_STEP_SLEEP_ENV, NICE_ENV, WAIT_ENV
+
 _BASE_NICE_ENV = "PDSERVE_BASE_NICE"  # the engine's nice before its core raised it
 SLEEP_S = 100e-6
 # vLLM 0.32's EngineCoreProc._process_engine_step: its sleep after a step with no model run.

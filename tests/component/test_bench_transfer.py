@@ -1,4 +1,4 @@
-"""`pdserve bench transfer` (cluster/bench/transfer.py) on real NIXL agents in two
+"""`pdserve bench transfer` (tools/bench/transfer.py) on real NIXL agents in two
 processes: every transport it measures delivers the owner's bytes (checked inside) and a
 rate."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.bench.transfer import measure_transfers
+from tools.bench.transfer import measure_transfers
 
 
 @pytest.mark.timeout(300)

@@ -20,7 +20,8 @@ import time
 
 import pytest
 
-from cluster.engine.vllm_plugin import EMPTY_STEP_SLEEP_ENV, VLLM_EMPTY_STEP_SLEEP_S, WAIT_ENV
+from cluster.engine.plugin_env import EMPTY_STEP_SLEEP_ENV, WAIT_ENV
+from cluster.engine.vllm_plugin import VLLM_EMPTY_STEP_SLEEP_S
 
 WAIT_S = 0.5
 

@@ -11,7 +11,7 @@ import pytest
 from cluster.cli import main
 from cluster.config import load_config
 from cluster.engine.cpu_support import kv_bytes_per_token
-from cluster.planner.fitted import FittedCost
+from tools.planner.fitted import FittedCost
 
 TEST_CONFIG = Path(__file__).resolve().parents[1] / "integration" / "pdserve-test.yaml"
 

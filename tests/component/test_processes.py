@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from cluster import processes
+from tools import processes
 
 # Answers 200 on every GET until SIGINT (a KeyboardInterrupt ends it cleanly).
 SERVER = """

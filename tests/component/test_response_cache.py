@@ -17,7 +17,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from cluster.redis_local import redis_server
 from router.engine_client import PDEngineClient
 from router.lifecycle import RequestLifecycle
 from router.response_cache import (
@@ -32,6 +31,7 @@ from router.response_cache import (
 from tests.component.test_engine_client import VOCAB, FakeFlow, FakeGate, delta, params
 from tests.fake_observer import RecordingObserver
 from tests.fake_time import eventually, settled
+from tools.redis_local import redis_server
 
 _outputs = pytest.importorskip("vllm.outputs")
 _logprobs = pytest.importorskip("vllm.logprobs")

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
-from cluster import metrics as m
 from cluster.engine.host import _observe_speculation
 from cluster.engine.stats import EngineStats
+from cluster.recorder import Counts
 from tests.fake_recorder import FakeRecorder
 
 
 def test_drafted_and_accepted_tokens_are_counted_per_step_and_flushed_once():
-    stats, counts, recorder = EngineStats("decode", "d0"), m.Counts(), FakeRecorder()
+    stats, counts, recorder = EngineStats("decode", "d0"), Counts(), FakeRecorder()
     tags = {"pool": "decode", "version": "v1", "replica": "d0"}
     for drafted, accepted in ((8, 3), (4, 0)):  # two engine steps
         step = SpecDecodingStats.new(num_spec_tokens=4)

@@ -17,9 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cluster import processes
 from cluster.config import load_config
 from tests.integration.openai_http import ADMIN
+from tools import processes
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_PATH = REPO / "tests/integration/pdserve-test.yaml"

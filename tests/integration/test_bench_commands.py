@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.bench import engine_work
 from tests.integration.conftest import REPO, _cluster_processes, _wait_for_exit
+from tools.bench import engine_work
 
 pytestmark = [pytest.mark.integration, pytest.mark.bench]
 

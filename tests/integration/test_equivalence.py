@@ -141,9 +141,9 @@ def speculating(pdserve):
     that no more engines than usual share the machine with the suites that follow."""
     import signal
 
-    from cluster import processes
     from cluster.config import SpeculativeConfig
     from tests.integration.conftest import LOG_DIR, REPO
+    from tools import processes
 
     config = CONFIG.model_copy(update={"decode": CONFIG.decode.model_copy(
         update={"speculative": SpeculativeConfig(num_speculative_tokens=4)})})

@@ -21,9 +21,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cluster import processes
 from cluster.config import load_config
 from cluster.serve_env import node_env
+from tools import processes
 
 pytestmark = [pytest.mark.integration, pytest.mark.multinode]
 

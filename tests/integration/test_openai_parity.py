@@ -40,12 +40,12 @@ from typing import Any
 import httpx
 import pytest
 
-from cluster import processes
 from cluster.engine.args import baseline_flags
 from router.protocol import NOT_HONOURED
 from router.sse import sse_lines
 from tests.integration.conftest import CONFIG, MODEL, REPO
 from tests.integration.openai_http import AUTH
+from tools import processes
 
 pytestmark = pytest.mark.integration
 

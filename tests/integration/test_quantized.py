@@ -25,7 +25,6 @@ import psutil
 import pytest
 import yaml
 
-from cluster import processes
 from cluster.checkpoints import ensure_checkpoints
 from cluster.config import load_config, parse_config
 from cluster.engine.cpu_check import local_cluster_refusals, local_processor
@@ -52,6 +51,7 @@ from tests.integration.conftest import (
 )
 from tests.integration.openai_http import API_KEY, generate
 from tests.integration.test_equivalence import prose
+from tools import processes
 
 pytestmark = [pytest.mark.integration, pytest.mark.levers]
 

@@ -22,12 +22,12 @@ import httpx
 import pytest
 import yaml
 
-from cluster.redis_local import redis_server
 from tests.integration import prometheus
 from tests.integration.conftest import CONFIG_PATH, MODEL, engine_stats, wait_until_idle
 from tests.integration.openai_http import ADMIN, generate
 from tests.integration.test_metrics import settled_scrape
 from tests.integration.test_rollout import deploy
+from tools.redis_local import redis_server
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,5 @@
 """Ray Serve LLM's own PD application, the benchmark's peer baseline, runs on this CPU stack
-(cluster/bench/serve_llm.py): started from the test cluster's config as `pdserve bench
+(tools/bench/serve_llm.py): started from the test cluster's config as `pdserve bench
 compare --setups ...,serve-llm` starts it, it answers a completion and a streamed chat
 through its prefill -> NIXL -> decode path with pdserve's engine settings, and leaves no
 process behind."""
@@ -11,8 +11,6 @@ import signal
 import httpx
 import pytest
 
-from cluster import processes
-from cluster.bench import serve_llm
 from router.sse import sse_lines
 from tests.integration.conftest import (
     CONFIG,
@@ -22,6 +20,8 @@ from tests.integration.conftest import (
     _cluster_processes,
     _wait_for_exit,
 )
+from tools import processes
+from tools.bench import serve_llm
 
 pytestmark = pytest.mark.integration
 PORT = 8650

@@ -1,6 +1,6 @@
 """Replay a recorded day of load through the pool policies with a fake clock.
 
-``data/load_day.csv`` (made by ``scripts/make_load_day.py``) holds one row a minute:
+``data/load_day.csv`` (made by ``tools/experiments/make_load_day.py``) holds one row a minute:
 requests/s and mean prompt/output tokens of a chat product's Wednesday in Berlin. A small
 deterministic plant turns it into what replicas would report, given how many replicas are
 running (new ones start three minutes after they are asked for):

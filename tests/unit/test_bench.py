@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster.bench.stats import SLO, RequestRecord, ratio, summarise
-from cluster.bench.workload import WorkloadSpec, arrival_times, plan, shared_prefixes
 from cluster.slo import SLOConfig
+from tools.bench.stats import SLO, RequestRecord, ratio, summarise
+from tools.bench.workload import WorkloadSpec, arrival_times, plan, shared_prefixes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -197,7 +197,7 @@ def test_ratio():
 
 
 def test_variants_parse_and_override_dotted_keys():
-    from cluster.bench.variants import apply_overrides, parse_variant
+    from tools.bench.variants import apply_overrides, parse_variant
 
     variant = parse_variant("lane:router.admission.long_prompt_tokens=2048,"
                             "prefill.max_num_batched_tokens=512,router.x=null")
@@ -221,7 +221,7 @@ def test_variants_parse_and_override_dotted_keys():
 def test_compare_variants_are_pdserve_setups_with_settings_overridden(tmp_path):
     import argparse
 
-    from cluster.bench.cli import _compare_variants
+    from tools.bench.cli import _compare_variants
 
     args = argparse.Namespace(config=REPO / "ray_configs/bench.yaml", out=tmp_path,
                               variant=["chunk0:router.stream_chunk_interval_ms=0"])
@@ -235,7 +235,7 @@ def test_compare_variants_are_pdserve_setups_with_settings_overridden(tmp_path):
 
 
 def test_the_variants_table_gives_engine_cpu_per_token_and_quality_beside_latency():
-    from cluster.bench.cli import _variants_table
+    from tools.bench.cli import _variants_table
 
     def summary(ttft: float, engine_cpu_s: float, agreement: float) -> dict:
         latency = {"ttft_s": {"p50": ttft, "p95": ttft}, "itl_s": {"p50": 0.01, "p95": 0.02}}

@@ -1,4 +1,4 @@
-"""CPU time by role (cluster/bench/cpu.py): titles, ancestry, and the balance of a run."""
+"""CPU time by role (tools/bench/cpu.py): titles, ancestry, and the balance of a run."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.bench.cpu import (
+from tools.bench.cpu import (
     Process,
     beyond_idle,
     cpu_by_role,

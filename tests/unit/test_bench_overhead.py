@@ -1,4 +1,4 @@
-"""`pdserve bench overhead`'s pure parts (cluster/bench/overhead.py): the per-path config,
+"""`pdserve bench overhead`'s pure parts (tools/bench/overhead.py): the per-path config,
 the latency table against the baseline, and a TTFT split by owner."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from cluster.bench import overhead
+from tools.bench import overhead
 
 RUN = {
     "ttft_p50_s": 0.02,

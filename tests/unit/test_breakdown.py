@@ -1,5 +1,5 @@
 """The stage breakdown `pdserve bench` prints, read from two scrapes of the stage
-histogram (cluster/bench/breakdown.py)."""
+histogram (tools/bench/breakdown.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cluster import metrics as m
-from cluster.bench import breakdown
+from tools.bench import breakdown
 
 NAME = m.STAGE.exported_name
 

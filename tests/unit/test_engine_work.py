@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from cluster.bench import engine_work
+from tools.bench import engine_work
 
 
 def scrape(prompt_tokens: dict[tuple[str, str, str], float], kv_bytes: dict[str, float],

@@ -9,6 +9,7 @@ import pytest
 from cluster import metrics as m
 from cluster.config import load_config
 from cluster.dashboard import build_dashboard, dashboard_json
+from cluster.recorder import Counts
 from router.timing import STAGES, RequestTimer
 from tests.fake_recorder import FakeRecorder
 
@@ -111,7 +112,7 @@ def test_timer_without_tokens_has_no_latencies():
 
 
 def test_gathered_counts_reach_the_counters_once_each_flush():
-    counts, recorder = m.Counts(), FakeRecorder()
+    counts, recorder = Counts(), FakeRecorder()
     decode = {"pool": "decode", "version": "v1", "replica": "d0"}
     for tokens in (3, 0, 2):  # one engine step each
         counts.add(m.ENGINE_GENERATION_TOKENS, decode, tokens)
@@ -126,7 +127,7 @@ def test_gathered_counts_reach_the_counters_once_each_flush():
 
 
 def test_gathered_observations_reach_the_histograms_in_order_once():
-    counts, recorder = m.Counts(), FakeRecorder()
+    counts, recorder = Counts(), FakeRecorder()
     tags = {"pool": "prefill", "version": "v1", "replica": "p0", "phase": "to_engine"}
     for seconds in (0.0012, 0.0009):  # two requests' hops, on their way to a first token
         counts.observe(m.ENGINE_PHASE, tags, seconds)

@@ -5,10 +5,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cluster.bench.stats import SLO, RequestRecord, summarise
 from cluster.engine.load_report import LatencyWindow
 from cluster.percentile import p95, percentile
 from router.canary import OutcomeWindow
+from tools.bench.stats import SLO, RequestRecord, summarise
 
 
 def test_nearest_rank_examples():

@@ -1,4 +1,4 @@
-"""The planner (cluster/planner/, pure): the model's sizes, the step cost model against an
+"""The planner (tools/planner/, pure): the model's sizes, the step cost model against an
 independent closed-form roofline, the simulator against queueing theory, and the search.
 
 The closed-form figures are those of ../shared/notes/cost-levers-planner.md (B2), worked
@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cluster.bench.workload import WorkloadSpec
 from cluster.config import parse_config
-from cluster.planner.cost_model import Roofline, Transfer, measured_transfer
-from cluster.planner.des import ClusterSpec, EngineLimits, SimRequest, Simulation
-from cluster.planner.fitted import FittedCost, StepSample, fit, relative_errors
-from cluster.planner.hardware import CATALOG
-from cluster.planner.model import LLAMA_3_1_70B, ModelShape, prefill_pairs
-from cluster.planner.output import config_document, figures
-from cluster.planner.replay import (
+from tools.bench.workload import WorkloadSpec
+from tools.planner.cost_model import Roofline, Transfer, measured_transfer
+from tools.planner.des import ClusterSpec, EngineLimits, SimRequest, Simulation
+from tools.planner.fitted import FittedCost, StepSample, fit, relative_errors
+from tools.planner.hardware import CATALOG
+from tools.planner.model import LLAMA_3_1_70B, ModelShape, prefill_pairs
+from tools.planner.output import config_document, figures
+from tools.planner.replay import (
     Served,
     fit_serving,
     measured,
@@ -33,7 +33,7 @@ from cluster.planner.replay import (
     step_cost,
     trace_requests,
 )
-from cluster.planner.search import (
+from tools.planner.search import (
     PlanInputs,
     Slo,
     bracket,
@@ -44,14 +44,14 @@ from cluster.planner.search import (
     slice_of,
     weighted_percentile,
 )
-from cluster.planner.serving_cost import (
+from tools.planner.serving_cost import (
     MAX_BUSY,
     LoadPoint,
     ServingCost,
     fit_serving_cost,
     residual_slope,
 )
-from cluster.planner.workload import diurnal_shape, requests
+from tools.planner.workload import diurnal_shape, requests
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMA = ModelShape.from_hf_config(LLAMA_3_1_70B)

@@ -9,8 +9,8 @@ from dataclasses import replace
 
 from cluster.config import DecodeRoutingConfig
 from cluster.percentile import percentile
-from cluster.planner.des import ClusterSpec, EngineLimits, RouterTier, SimRequest, Simulation
 from router.admission import AdmissionPolicy
+from tools.planner.des import ClusterSpec, EngineLimits, RouterTier, SimRequest, Simulation
 
 
 def _tier(replicas: int = 1, budget: int = 200, queue: int = 4, wait_s: float = 60.0,

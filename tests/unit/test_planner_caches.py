@@ -1,4 +1,4 @@
-"""The planner's simulator with prefix caches and conversations (cluster/planner/des.py):
+"""The planner's simulator with prefix caches and conversations (tools/planner/des.py):
 shared heads computed once per engine, the next turn kept on the decode engine that holds
 its history, eviction when the KV is needed, and every prompt token counted once, where
 the engines' counters would count it."""
@@ -10,11 +10,11 @@ from dataclasses import replace
 
 import pytest
 
-from cluster.bench.workload import WorkloadSpec
 from cluster.config import DecodeRoutingConfig
-from cluster.planner.des import ClusterSpec, EngineLimits, SimRequest, Simulation, block_chain
-from cluster.planner.replay import trace_requests
-from cluster.planner.workload import requests
+from tools.bench.workload import WorkloadSpec
+from tools.planner.des import ClusterSpec, EngineLimits, SimRequest, Simulation, block_chain
+from tools.planner.replay import trace_requests
+from tools.planner.workload import requests
 
 BLOCK = 16
 

@@ -1,4 +1,4 @@
-"""The planned cluster's day under pdserve's autoscaling policy (cluster/planner/day.py):
+"""The planned cluster's day under pdserve's autoscaling policy (tools/planner/day.py):
 sensors read off the simulator, the fleet sized by ``decide_app`` with start-up delays,
 drains, step limits and standby floors, and the targets ``pdserve plan`` writes."""
 
@@ -20,7 +20,9 @@ from cluster.autoscaling.config import (
 from cluster.autoscaling.policy import PoolLoad, ReplicaObservation, decode_needs, prefill_needs
 from cluster.autoscaling.schedule import standby_floor
 from cluster.config import parse_config
-from cluster.planner.day import (
+from cluster.slo import SLOConfig
+from tests.unit.test_planner import small_inputs
+from tools.planner.day import (
     DaySpec,
     Sensed,
     Sensors,
@@ -30,11 +32,9 @@ from cluster.planner.day import (
     sense,
     simulate_day,
 )
-from cluster.planner.output import config_document
-from cluster.planner.search import search
-from cluster.planner.workload import diurnal_concentration, diurnal_share
-from cluster.slo import SLOConfig
-from tests.unit.test_planner import small_inputs
+from tools.planner.output import config_document
+from tools.planner.search import search
+from tools.planner.workload import diurnal_concentration, diurnal_share
 
 REPO = Path(__file__).resolve().parents[2]
 PEAK_AT = 1_767_816_000.0        # 2026-01-07 20:00 UTC

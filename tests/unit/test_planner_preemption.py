@@ -4,7 +4,7 @@ later computes its prompt and answer so far again (vLLM v1's recompute)."""
 
 from __future__ import annotations
 
-from cluster.planner.des import ClusterSpec, EngineLimits, SimRequest, Simulation
+from tools.planner.des import ClusterSpec, EngineLimits, SimRequest, Simulation
 
 STEP_S = 0.01
 

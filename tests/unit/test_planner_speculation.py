@@ -1,5 +1,5 @@
-"""Speculative decoding in the planner (cluster/planner/speculation.py and the decode
-engines of cluster/planner/des.py): the expected tokens a verifying step gains, vLLM's
+"""Speculative decoding in the planner (tools/planner/speculation.py and the decode
+engines of tools/planner/des.py): the expected tokens a verifying step gains, vLLM's
 accepted share turned back into a per-draft acceptance, every token counted once, and
 the trade it models: steps saved where a step's time is the weights' read, compute lost
 where it is the tokens'."""
@@ -15,10 +15,11 @@ import pytest
 import yaml
 
 from cluster.config import parse_config
-from cluster.planner.des import ClusterSpec, EngineLimits, SimRequest, Simulation
-from cluster.planner.hardware import CATALOG
-from cluster.planner.output import config_document, lever_table
-from cluster.planner.search import (
+from tests.unit.test_planner import small_inputs
+from tools.planner.des import ClusterSpec, EngineLimits, SimRequest, Simulation
+from tools.planner.hardware import CATALOG
+from tools.planner.output import config_document, lever_table
+from tools.planner.search import (
     bracket,
     decode_step,
     lever_variants,
@@ -26,8 +27,7 @@ from cluster.planner.search import (
     search,
     speculation_name,
 )
-from cluster.planner.speculation import Speculation, from_accepted_share, from_counts
-from tests.unit.test_planner import small_inputs
+from tools.planner.speculation import Speculation, from_accepted_share, from_counts
 
 REPO = Path(__file__).resolve().parents[2]
 H100 = CATALOG["h100"]

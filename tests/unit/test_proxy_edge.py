@@ -7,15 +7,13 @@ from __future__ import annotations
 import asyncio
 import json
 
+from cluster.serve_env import PROXY_CALLBACK, PROXY_CALLBACK_ENV, proxy_env
 from router.proxy_edge import (
     PRELOAD_MAX_BYTES,
     PRELOADED_BODY,
-    PROXY_CALLBACK,
-    PROXY_CALLBACK_ENV,
     PreloadedBody,
     ProxyEdge,
     preload_body,
-    proxy_env,
     without_proxy_hints,
 )
 

@@ -1,4 +1,5 @@
-"""The house's first rule, enforced: pure modules stay pure, and unit tests stay fast.
+"""The house's first rules, enforced: pure modules stay pure, the runtime stands apart from
+the tools run against it, imports never go round in a circle, and unit tests stay fast.
 
 A module is pure when the first line of its docstring says "(pure" (the tag every module
 carries: "(pure)" or "(shell)"). A pure module, and every project module it imports at
@@ -6,6 +7,11 @@ module level, imports none of the runtime below; the modules the policies are ma
 must carry the tag. ``tests/unit`` holds only tests that import none of the heavy runtime
 (directly or through the project modules they import at module level) and start no
 processes; the others live in ``tests/component`` or ``tests/integration``.
+
+The import graph (every import, lazy ones included, file to file) has no circle; no runtime
+module imports the tools wing (``tools/``: it plugs into the CLI through entry points); and
+a pure module imports only pure project modules, so a shell's imports cannot be dodged by
+moving them into its functions.
 """
 
 from __future__ import annotations
@@ -16,7 +22,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("cluster", "router", "prefill", "decode", "kv_transfer")
+RUNTIME = ("cluster", "router", "prefill", "decode", "kv_transfer")
+TOOLS = "tools"
+PACKAGES = (*RUNTIME, TOOLS)
+# Run by hand from a checkout, never imported: outside the graph.
+EXPERIMENTS = ROOT / TOOLS / "experiments"
 
 # What a pure module must not import: runtimes, I/O frameworks and the clock.
 IMPURE = {"ray", "vllm", "torch", "nixl", "asyncio", "time", "fastapi", "starlette",
@@ -35,10 +45,10 @@ MUST_BE_PURE = [
     "cluster/engine/routing_stats.py", "kv_transfer/handle.py", "kv_transfer/ports.py",
     "decode/pacing.py", "router/cache_policy.py", "cluster/engine/cpu_support.py",
     "cluster/engine/stall.py",
-    "cluster/bench/quality.py", "cluster/planner/model.py", "cluster/planner/hardware.py",
-    "cluster/planner/cost_model.py", "cluster/planner/des.py", "cluster/planner/workload.py",
-    "cluster/planner/search.py", "cluster/planner/output.py", "cluster/planner/fitted.py",
-    "cluster/planner/replay.py", "cluster/planner/day.py",
+    "tools/bench/quality.py", "tools/planner/model.py", "tools/planner/hardware.py",
+    "tools/planner/cost_model.py", "tools/planner/des.py", "tools/planner/workload.py",
+    "tools/planner/search.py", "tools/planner/output.py", "tools/planner/fitted.py",
+    "tools/planner/replay.py", "tools/planner/day.py",
 ]
 
 
@@ -91,9 +101,70 @@ def is_tagged_pure(path: Path) -> bool:
     return "(pure" in docstring.splitlines()[0] if docstring else False
 
 
+def project_files() -> list[Path]:
+    return [p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))
+            if EXPERIMENTS not in p.parents]
+
+
 def tagged_pure() -> list[str]:
-    files = [p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))]
-    return [str(p.relative_to(ROOT)) for p in files if is_tagged_pure(p)]
+    return [str(p.relative_to(ROOT)) for p in project_files() if is_tagged_pure(p)]
+
+
+def import_graph(files: list[Path]) -> dict[Path, set[Path]]:
+    """Each file and the project files it imports anywhere in it (lazy imports too)."""
+    graph: dict[Path, set[Path]] = {}
+    for path in files:
+        targets = {project_file(name) for name in imports_of(path, module_level_only=False)}
+        graph[path] = {target for target in targets if target not in (None, path)}
+    return graph
+
+
+def circles(graph: dict[Path, set[Path]]) -> list[list[Path]]:
+    """The graph's strongly connected parts of more than one file (Tarjan's algorithm)."""
+    index: dict[Path, int] = {}
+    low: dict[Path, int] = {}
+    stack: list[Path] = []
+    found: list[list[Path]] = []
+
+    def visit(node: Path) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            part = []
+            while (top := stack.pop()) != node:
+                part.append(top)
+            if part:
+                found.append([node, *part])
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def runtime_imports_of_tools(graph: dict[Path, set[Path]], root: Path = ROOT) -> list[str]:
+    """Arrows from a runtime file to a file of the tools wing."""
+    def package(path: Path) -> str:
+        return path.relative_to(root).parts[0]
+
+    return [f"{source.relative_to(root)} -> {target.relative_to(root)}"
+            for source, targets in graph.items() if package(source) in RUNTIME
+            for target in targets if package(target) == TOOLS]
+
+
+def pure_imports_of_shells(graph: dict[Path, set[Path]], root: Path = ROOT) -> list[str]:
+    """Arrows from a module tagged pure to a project module that is not (packages'
+    ``__init__`` files aside)."""
+    return [f"{source.relative_to(root)} -> {target.relative_to(root)}"
+            for source, targets in graph.items() if is_tagged_pure(source)
+            for target in targets
+            if target.name != "__init__.py" and not is_tagged_pure(target)]
 
 
 @pytest.mark.parametrize("module", MUST_BE_PURE)
@@ -107,6 +178,21 @@ def test_a_pure_module_imports_no_runtime_io_or_clock(module):
     offenders = {name: str(via.relative_to(ROOT)) for name, via in loaded.items()
                  if name in IMPURE}
     assert not offenders, f"{module} imports {offenders} (package: imported by)"
+
+
+def test_no_import_circle():
+    found = circles(import_graph(project_files()))
+    assert not found, [[str(p.relative_to(ROOT)) for p in part] for part in found]
+
+
+def test_no_runtime_module_imports_the_tools():
+    offenders = runtime_imports_of_tools(import_graph(project_files()))
+    assert not offenders, offenders
+
+
+def test_a_pure_module_imports_only_pure_project_modules():
+    offenders = pure_imports_of_shells(import_graph(project_files()))
+    assert not offenders, offenders
 
 
 UNIT_TESTS = sorted((ROOT / "tests" / "unit").glob("test_*.py"))
@@ -126,3 +212,20 @@ def test_the_checker_sees_an_impure_import(tmp_path):
     module.write_text('"""A policy (pure)."""\n\ndef f():\n    import ray\n    import time\n')
     assert is_tagged_pure(module)
     assert {"ray", "time"} <= set(loaded_with(module, own_imports_in_functions=True))
+
+
+def test_the_graph_checks_see_a_circle_a_runtime_import_of_the_tools_and_a_shell(tmp_path):
+    """The three graph checks can fail: a two-file circle, a runtime file importing the
+    tools, and a pure file importing a shell are each seen."""
+    policy = tmp_path / "cluster" / "policy.py"
+    tool = tmp_path / "tools" / "tool.py"
+    policy.parent.mkdir()
+    tool.parent.mkdir()
+    policy.write_text('"""A policy (pure)."""\n')
+    tool.write_text('"""A tool (shell)."""\n')
+    graph = {policy: {tool}, tool: {policy}}
+    assert [set(part) for part in circles(graph)] == [{policy, tool}]
+    assert not circles({policy: {tool}, tool: set()})
+    assert runtime_imports_of_tools(graph, tmp_path) == ["cluster/policy.py -> tools/tool.py"]
+    assert pure_imports_of_shells(graph, tmp_path) == ["cluster/policy.py -> tools/tool.py"]
+    assert not runtime_imports_of_tools({tool: {policy}}, tmp_path)

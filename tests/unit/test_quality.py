@@ -1,10 +1,10 @@
-"""The quality delta between two runs' next-token distributions (cluster/bench/quality.py)."""
+"""The quality delta between two runs' next-token distributions (tools/bench/quality.py)."""
 
 import math
 
 import pytest
 
-from cluster.bench.quality import (
+from tools.bench.quality import (
     Position,
     compare,
     kl_divergence,

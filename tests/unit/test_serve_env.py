@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cluster.config import parse_config
-from cluster.serve_env import GRPC_DATA_PLANE_ENV, HAPROXY_INGRESS_ENV, node_env
-from router.proxy_edge import proxy_env
+from cluster.serve_env import GRPC_DATA_PLANE_ENV, HAPROXY_INGRESS_ENV, node_env, proxy_env
 from router.transport import GRPC_OPTIONS, engine_handle
 
 

@@ -9,10 +9,10 @@ from cluster.autoscaling.serve_policy import (
     PrefillAutoscalingPolicy,
     autoscaling_config_for,
 )
-from cluster.bench.stats import SLO, RequestRecord, summarise
 from cluster.config import SLOConfig, load_config
 from cluster.dashboard import build_dashboard
 from cluster.serve_config import serve_config
+from tools.bench.stats import SLO, RequestRecord, summarise
 
 T = 1_750_000_000.0
 CHANGED = {"ttft_p95_s": 0.3, "itl_p95_s": 0.02, "tpot_s": 0.04}

@@ -1,0 +1,84 @@
+"""Benchmark output: the table on the terminal, the JSON file and the PNG plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tools.bench.stats import RequestRecord
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.0f}"
+
+
+def table(name: str, summary: dict) -> str:
+    lines = [
+        f"{name}: {summary['completed']}/{summary['requests']} completed, "
+        f"{summary['output_tokens_per_s']:.1f} output tok/s, "
+        f"{summary['requests_per_s']:.2f} req/s, "
+        f"goodput {summary['goodput_requests_per_s']:.2f} req/s "
+        f"(TTFT <= {summary['slo']['ttft_s']}s and TPOT <= {summary['slo']['tpot_s']}s)",
+        f"  {'ms':<6}{'p50':>9}{'p95':>9}{'p99':>9}",
+    ]
+    for key, label in (("ttft_s", "TTFT"), ("itl_s", "ITL"), ("e2e_s", "E2E")):
+        values = summary[key]
+        lines.append(f"  {label:<6}{_ms(values['p50']):>9}{_ms(values['p95']):>9}"
+                     f"{_ms(values['p99']):>9}")
+    if summary["errors"]:
+        lines.append(f"  errors: {summary['errors']}")
+    return "\n".join(lines)
+
+
+def write_json(path: Path, result: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+
+
+def ttft_cdf_plot(path: Path, runs: dict[str, list[RequestRecord]], title: str) -> None:
+    """CDF of TTFT, one line per run (e.g. per setup or per request kind)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for label, records in runs.items():
+        ttfts = sorted(r.ttft * 1000 for r in records if r.ok and r.ttft is not None)
+        if ttfts:
+            axes.step(ttfts, [(i + 1) / len(ttfts) for i in range(len(ttfts))], where="post",
+                      label=f"{label} (n={len(ttfts)})")
+    axes.set_xscale("log")
+    axes.set_xlabel("time to first token (ms, log scale)")
+    axes.set_ylabel("fraction of requests")
+    axes.set_title(title)
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def load_sweep_plot(path: Path, sweep: list[tuple[float, dict]], title: str) -> None:
+    """p50/p95 TTFT and ITL against offered load (requests/s)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rates = [rate for rate, _ in sweep]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for axes, key, label in ((left, "ttft_s", "TTFT"), (right, "itl_s", "ITL")):
+        for q in ("p50", "p95"):
+            values = [(s[key][q] or 0) * 1000 for _, s in sweep]
+            axes.plot(rates, values, marker="o", label=f"{label} {q}")
+        axes.set_xlabel("offered load (requests/s)")
+        axes.set_ylabel("ms")
+        axes.grid(True, alpha=0.3)
+        axes.legend()
+    figure.suptitle(title)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
