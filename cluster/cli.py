@@ -1,20 +1,12 @@
 """The ``pdserve`` command line.
 
-``pdserve up``     start (or join) a Ray cluster and serve the config's application until
-                   Ctrl-C / SIGTERM, then shut everything down.
-``pdserve deploy`` roll a changed config out to the running cluster and return; streams
-                   in flight finish on the replicas they started on.
-``pdserve model``  generate the tiny local models named by the config, if missing.
-``pdserve config`` validate a config file and print it with all defaults filled in.
-``pdserve serve-config``  print a Ray Serve config file for ``serve deploy`` (declarative
-                   path; carries the application-level autoscaling policy).
-``pdserve dashboard``  print the Grafana dashboard of pdserve's metrics (JSON), its SLO
-                   lines at the config's ``slo``.
-``pdserve bench``  load generation and comparisons (``pdserve bench --help``).
-``pdserve plan``   size a cluster by simulating its policies (``pdserve plan --help``).
-
-The last two are the tools wing's (tools/): they plug in through the ``pdserve.commands``
-entry points (pyproject.toml), so the runtime never imports them.
+``up`` (start or join a Ray cluster and serve until Ctrl-C / SIGTERM), ``deploy`` (roll a
+changed config out to the running cluster), ``model`` (generate the config's tiny models),
+``config`` (validate and print a config; ``--describe``: every key, docs/config.md),
+``serve-config`` (a Ray Serve config file for ``serve deploy``, with the application-level
+autoscaling policy) and ``dashboard`` (the Grafana dashboard). ``bench`` and ``plan`` are the
+tools wing's, loaded from the ``pdserve.commands`` entry points so the runtime never imports
+them (docs/design.md, "Two wings: runtime and tools").
 """
 
 from __future__ import annotations
@@ -45,12 +37,18 @@ def main(argv: list[str] | None = None) -> int:
     ]:
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument("--config", type=Path, default=DEFAULT_CONFIG_PATH)
+        if name == "config":
+            sub.add_argument("--describe", action="store_true",
+                             help="print the reference of every config key (Markdown, "
+                             "docs/config.md) instead of a config")
     tools = _tool_commands()
     for tool in tools.values():
         tool.add_parser(commands)
     args = parser.parse_args(argv)
     if args.command in tools:
         return tools[args.command].main(args)
+    if args.command == "config" and args.describe:
+        return _describe()
     try:
         config = load_config(args.config)
     except ConfigError as error:
@@ -77,6 +75,13 @@ def _show_config(config: PDServeConfig) -> int:
     import yaml
 
     print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    return 0
+
+
+def _describe() -> int:
+    from cluster.config.reference import describe
+
+    sys.stdout.write(describe())
     return 0
 
 

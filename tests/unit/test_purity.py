@@ -37,10 +37,17 @@ HEAVY = {"ray", "vllm", "torch", "nixl", "transformers", "subprocess"}
 # The decisions, the config and the protocol: these must be (and say they are) pure.
 MUST_BE_PURE = [
     "router/admission.py", "router/versions.py", "router/canary.py",
-    "router/replica_choice.py", "router/disaggregation.py", "router/protocol.py",
+    "router/replica_choice/__init__.py", "router/replica_choice/loads.py",
+    "router/replica_choice/prefixes.py", "router/replica_choice/decode_cache.py",
+    "router/replica_choice/pending.py", "router/replica_choice/spread.py",
+    "router/replica_choice/ranking.py", "router/disaggregation.py", "router/protocol.py",
     "router/errors.py", "router/auth.py", "router/timing.py", "router/sse.py",
     "cluster/autoscaling/policy.py", "cluster/autoscaling/schedule.py",
-    "cluster/autoscaling/config.py", "cluster/config.py", "cluster/strict.py",
+    "cluster/autoscaling/config.py", "cluster/strict.py",
+    "cluster/config/__init__.py", "cluster/config/root.py", "cluster/config/model.py",
+    "cluster/config/engine.py", "cluster/config/kv_transfer.py", "cluster/config/canary.py",
+    "cluster/config/router.py", "cluster/config/routing.py", "cluster/config/ray.py",
+    "cluster/config/reference.py",
     "cluster/engine/messages.py", "cluster/engine/stats.py", "cluster/engine/load_report.py",
     "cluster/engine/routing_stats.py", "kv_transfer/handle.py", "kv_transfer/ports.py",
     "decode/pacing.py", "router/cache_policy.py", "cluster/engine/cpu_support.py",
@@ -48,7 +55,10 @@ MUST_BE_PURE = [
     "tools/bench/quality.py", "tools/planner/model.py", "tools/planner/hardware.py",
     "tools/planner/cost_model.py", "tools/planner/des.py", "tools/planner/workload.py",
     "tools/planner/search.py", "tools/planner/output.py", "tools/planner/fitted.py",
-    "tools/planner/replay.py", "tools/planner/day.py",
+    "tools/planner/replay.py", "tools/planner/day.py", "tools/planner/des_admission.py",
+    "tools/planner/des_engine.py", "tools/planner/des_events.py",
+    "tools/planner/des_requests.py", "tools/planner/des_results.py",
+    "tools/planner/des_routing.py", "tools/planner/des_spec.py",
 ]
 
 
