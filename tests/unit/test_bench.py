@@ -219,23 +219,20 @@ def test_variants_parse_and_override_dotted_keys():
 
 
 def test_compare_variants_are_pdserve_setups_with_settings_overridden(tmp_path):
-    import argparse
+    from tools.bench.servers import compare_variants
 
-    from tools.bench.cli import _compare_variants
-
-    args = argparse.Namespace(config=REPO / "ray_configs/bench.yaml", out=tmp_path,
-                              variant=["chunk0:router.stream_chunk_interval_ms=0"])
-    path, config = _compare_variants(args)["chunk0"]
+    config_path = REPO / "ray_configs/bench.yaml"
+    path, config = compare_variants(config_path, ["chunk0:router.stream_chunk_interval_ms=0"],
+                                    tmp_path)["chunk0"]
     assert config.router.stream_chunk_interval_ms == 0
     assert path.parent == tmp_path and path.is_file()
 
-    args.variant = ["colocated:router.stream_chunk_interval_ms=0"]
     with pytest.raises(SystemExit, match="has a setup's name"):
-        _compare_variants(args)
+        compare_variants(config_path, ["colocated:router.stream_chunk_interval_ms=0"], tmp_path)
 
 
 def test_the_variants_table_gives_engine_cpu_per_token_and_quality_beside_latency():
-    from tools.bench.cli import _variants_table
+    from tools.bench.tables import variants_table
 
     def summary(ttft: float, engine_cpu_s: float, agreement: float) -> dict:
         latency = {"ttft_s": {"p50": ttft, "p95": ttft}, "itl_s": {"p50": 0.01, "p95": 0.02}}
@@ -246,7 +243,7 @@ def test_the_variants_table_gives_engine_cpu_per_token_and_quality_beside_latenc
                 "quality": {"perplexity_candidate": 7.25, "top1_agreement": agreement,
                             "kl_mean": 0.0, "kl_p95": 0.0}}
 
-    table = _variants_table({"full": summary(0.2, 4.0, 1.0), "w8a8": summary(0.1, 2.0, 0.9)})
+    table = variants_table({"full": summary(0.2, 4.0, 1.0), "w8a8": summary(0.1, 2.0, 0.9)})
     assert "100 ms (0.50x)" in table
     # 1,000 output tokens: 4 engine CPU-seconds -> 4,000 per million; the router's not counted
     cpu_row = next(line for line in table.splitlines() if "engine CPU-s/1M" in line)

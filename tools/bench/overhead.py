@@ -22,6 +22,7 @@ from cluster.percentile import percentile
 from router.timing import STAGES
 from tools.bench import cpu
 from tools.bench.breakdown import ENGINE_PARTS, HOP_PARTS
+from tools.bench.defaults import IDLE_SAMPLE_S
 from tools.bench.runner import run_workload
 from tools.bench.workload import PlannedRequest
 
@@ -30,7 +31,6 @@ PATH_OVERRIDES = {
     "decode_local": lambda config: config.engine.max_model_len,
     "disaggregated": lambda config: 0,
 }
-IDLE_SAMPLE_S = 10.0  # how long each server's idle CPU is sampled before its run (default)
 
 
 def measure(base_url: str, model: str, requests: list[PlannedRequest], max_tokens: int,

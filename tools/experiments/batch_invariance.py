@@ -21,7 +21,8 @@ from cluster.config import load_config
 from cluster.tiny_model import ensure_model
 from cluster.tiny_training import held_out_prompts
 from tools import processes
-from tools.bench.cli import COMPARE_REFERENCE_PORT, REPO, _warm_up
+from tools.bench.defaults import COMPARE_REFERENCE_PORT, REPO
+from tools.bench.servers import warm_up
 
 
 def first_difference(a: str, b: str) -> int:
@@ -73,7 +74,7 @@ def main() -> int:
     server = processes.start_vllm_server(config, COMPARE_REFERENCE_PORT, args.out / "logs",
                                          REPO, name="vllm-batch-invariance")
     with processes.running(server) as running:
-        _warm_up(running.base_url, config.model.name)
+        warm_up(running.base_url, config.model.name)
         result = asyncio.run(measure(running.base_url, config.model.name, args))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "batch-invariance.json").write_text(json.dumps(result, indent=2))

@@ -21,7 +21,9 @@ from cluster.engine.args import CPU_BIND_ENV, engine_env
 from kv_transfer.connector import connector_config
 from tools import processes
 from tools.bench import overhead
-from tools.bench.cli import COMPARE_REFERENCE_PORT, REPO, _token_counter, _warm_up
+from tools.bench.defaults import COMPARE_REFERENCE_PORT, REPO
+from tools.bench.measure import token_counter
+from tools.bench.servers import warm_up
 from tools.bench.workload import WorkloadSpec, plan
 
 
@@ -34,7 +36,7 @@ def main() -> int:
     args = parser.parse_args()
     config = load_config(args.config)
     spec = WorkloadSpec(name="reference", rate=1000, num_requests=args.requests, seed=7)
-    requests = overhead.shorten(plan(spec, _token_counter(str(config.model.path))),
+    requests = overhead.shorten(plan(spec, token_counter(str(config.model.path))),
                                 args.max_tokens)
     decode = config.pool(config.model.version, "decode")
     kv_flags = ("--kv-transfer-config", json.dumps(connector_config(
@@ -48,7 +50,7 @@ def main() -> int:
             role="decode", cpu_bind=decode.env.get(CPU_BIND_ENV), extra_flags=flags,
             extra_env=env)
         with processes.running(server) as running:
-            _warm_up(running.base_url, config.model.name)
+            warm_up(running.base_url, config.model.name)
             runs[name] = overhead.measure(running.base_url, config.model.name, requests,
                                           args.max_tokens, running.process.pid)
     print(overhead.latency_table(runs, baseline="plain"))

@@ -41,7 +41,7 @@ from cluster.engine.plugin_env import EMPTY_STEP_SLEEP_ENV
 from kv_transfer.connector import connector_config
 from kv_transfer.handle import prefill_request_params
 from tools import processes
-from tools.bench.cli import REPO
+from tools.bench.defaults import REPO
 
 CONNECTORS = {"pull": "NixlConnector", "push": "NixlPushConnector",
               "pull-vllm-wait": "NixlConnector"}

@@ -41,7 +41,8 @@ from cluster.config import parse_config
 from cluster.engine.cpu_support import kv_bytes_per_token
 from cluster.tiny_training import held_out_prompts
 from tools import processes
-from tools.bench.cli import REPO, _warm_up, _write_config
+from tools.bench.defaults import REPO
+from tools.bench.servers import warm_up, write_config
 from tools.bench.variants import apply_overrides, parse_variant
 
 
@@ -95,7 +96,7 @@ def conversation(client: httpx.Client, model: str, opening: str, answer_tokens: 
 
 def run_variant(name: str, document: dict, args: argparse.Namespace) -> dict:
     """The conversations on one variant's cluster: every turn's figures and the medians."""
-    config_path = _write_config(document, args.out.parent / f"variant-{name}.yaml")
+    config_path = write_config(document, args.out.parent / f"variant-{name}.yaml")
     config = parse_config(document, source=f"variant {name}")
     ensure_checkpoints(config)
     model = config.model.name
@@ -103,7 +104,7 @@ def run_variant(name: str, document: dict, args: argparse.Namespace) -> dict:
                                      REPO, name=f"pdserve-multiturn-{name}")
     with processes.running(server) as running, httpx.Client(
             base_url=running.base_url, timeout=600) as client:
-        _warm_up(running.base_url, model)
+        warm_up(running.base_url, model)
         turns = [conversation(client, model, opening, args.answer_tokens)
                  for opening in held_out_prompts(args.conversations, args.opening_chars)]
     median = {key: statistics.median(turn[key] for turn in turns) for key in turns[0]}

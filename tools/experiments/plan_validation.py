@@ -44,7 +44,7 @@ import yaml
 from cluster.checkpoints import ensure_checkpoints
 from cluster.config import load_config
 from tools import processes
-from tools.bench.cli import REPO
+from tools.bench.defaults import REPO
 from tools.bench.variants import apply_overrides, parse_variant
 
 

@@ -25,8 +25,9 @@ from pathlib import Path
 from cluster.config import SpeculativeConfig, load_config
 from cluster.tiny_training import held_out_prompts
 from tools import processes
-from tools.bench.cli import COMPARE_REFERENCE_PORT, REPO, _warm_up
 from tools.bench.cpu import descendants, sample_processes
+from tools.bench.defaults import COMPARE_REFERENCE_PORT, REPO
+from tools.bench.servers import warm_up
 
 
 async def stream(client, model: str, prompt: str, max_tokens: int) -> dict:
@@ -86,7 +87,7 @@ def measure(config, speculative: SpeculativeConfig | None, args) -> dict:
         cpu_bind=config.decode.env.get("VLLM_CPU_OMP_THREADS_BIND"))
     results = {}
     with processes.running(server) as running:
-        _warm_up(running.base_url, config.model.name)
+        warm_up(running.base_url, config.model.name)
         for level, (count, concurrency) in {"one at a time": (args.requests, 1),
                                             f"{args.batch} at once": (args.batch,
                                                                       args.batch)}.items():
