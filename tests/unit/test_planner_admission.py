@@ -32,8 +32,9 @@ BURST = [SimRequest(0.0, 90, 10) for _ in range(6)]
 
 def _drained(simulation: Simulation) -> bool:
     """Every admission budget back to zero, and every replica holding nothing."""
+    admission = simulation.admission
     return (all(c.in_flight_tokens == 0 and c.queue_length == 0
-                for c in simulation._admission) and not any(simulation._in_router)
+                for c in admission.controllers) and not any(admission.holding)
             and not any(e.ongoing for e in simulation.prefill + simulation.decode))
 
 

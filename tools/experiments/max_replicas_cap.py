@@ -21,9 +21,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from cluster.config import parse_config  # noqa: E402
-from tools.planner import cli as plan_cli  # noqa: E402
 from tools.planner.day import POOLS  # noqa: E402
 from tools.planner.output import config_document  # noqa: E402
+from tools.planner.study import day_runner, plan_for_study  # noqa: E402
 
 
 def lifted(document: dict, factor: int = 100) -> dict:
@@ -42,9 +42,9 @@ def main() -> None:
                         help="the days' rates over the forecast, comma-separated")
     args = parser.parse_args()
     # one router view, as the tables in docs/planning.md were measured
-    plan_args, plan, scaling = plan_cli.plan_for_study(
+    plan_args, plan, scaling = plan_for_study(
         ["--rate", args.rate, "--router-views", "shared"])
-    run = plan_cli.day_runner(plan, scaling.sensors, scaling.forecast)
+    run = day_runner(plan, scaling.sensors, scaling.forecast)
     fitted = scaling.fitted_floors(plan, margin=plan_args.standby_margin,
                                    shift_minutes=plan_args.standby_shift_minutes)
     written = config_document(plan, scaling.base, scaling.targets, fitted)

@@ -20,8 +20,9 @@ import sys
 import time
 from dataclasses import replace
 
-from tools.planner import cli as plan_cli
+from tools.planner.arguments import add_parser
 from tools.planner.des import ClusterSpec, EngineLimits, SimRequest, Simulation
+from tools.planner.inputs import inputs_from
 from tools.planner.model import prefill_pairs
 from tools.planner.search import bracket, predict, search
 
@@ -42,9 +43,9 @@ def md1_error(load: float, seed: int, count: int = 100_000, service: float = 0.1
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command")
-    plan_cli.add_parser(commands)
+    add_parser(commands)
     args = parser.parse_args(["plan", *sys.argv[1:]])
-    inputs = plan_cli.inputs_from(args)
+    inputs = inputs_from(args)
 
     print("## 1. M/D/1: mean time to the end of the prefill, simulated / theory - 1")
     print("| load | five seeds | mean |\n|---|---|---|")

@@ -1,5 +1,5 @@
 """What the router's prefix hashing costs one request, with and without hashing each
-prompt once (router/replica_choice.py, ``ChainMemo``).
+prompt once (router/replica_choice/prefixes.py, ``ChainMemo``).
 
     .venv/bin/python tools/experiments/prefix_hash_cost.py
 

@@ -26,8 +26,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from tools.planner import cli as plan_cli  # noqa: E402
 from tools.planner.search import arrived_in, read, run_slice  # noqa: E402
+from tools.planner.study import plan_for_study  # noqa: E402
 
 
 def main() -> None:
@@ -40,7 +40,7 @@ def main() -> None:
                         "own view and drawing, the prefill pool's max_ongoing_requests at "
                         "each of these values (comma-separated)")
     args = parser.parse_args()
-    _, plan, _ = plan_cli.plan_for_study(
+    _, plan, _ = plan_for_study(
         ["--rate", args.rate, "--router-views", "shared"])
     prefill, decode = plan.prediction.prefill_replicas, plan.prediction.decode_replicas
     print(f"planned: {prefill} prefill and {decode} decode replicas; "

@@ -20,8 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from cluster.config import parse_config  # noqa: E402
-from tools.planner import cli as plan_cli  # noqa: E402
 from tools.planner.output import config_document  # noqa: E402
+from tools.planner.study import day_runner, plan_for_study  # noqa: E402
 
 DEFAULT_FITS = ("30:0.1:0,30:0.1:30,30:0.1:60,15:0.1:0,60:0.1:0,30:0:0,30:0.2:0")
 # name, rate over the forecast, the peak's shift in seconds
@@ -36,10 +36,10 @@ def main() -> None:
                         help="slot minutes:margin:shift minutes, comma-separated")
     args = parser.parse_args()
     # one router view, as the tables in docs/planning.md were measured
-    _, plan, scaling = plan_cli.plan_for_study(
+    _, plan, scaling = plan_for_study(
         ["--rate", args.rate, "--router-views", "shared"])
     forecast = scaling.forecast
-    run = plan_cli.day_runner(plan, scaling.sensors, forecast)
+    run = day_runner(plan, scaling.sensors, forecast)
     print("| slots, margin, shift | windows per pool | "
           + " | ".join(name for name, _, _ in DAYS) + " |")
     print("|---" * (len(DAYS) + 2) + "|")
