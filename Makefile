@@ -22,15 +22,19 @@ run: setup
 # multi-node imitation each run a Ray cluster of their own: one after another, never
 # beside. Their tests live in tests/integration (tests/conftest.py refuses them
 # elsewhere), and only it is collected for them: the whole tree takes ~15 s more to
-# collect, each time.
-test: setup
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -ra $(DURATIONS) $(PARALLEL) tests/unit tests/component $(PYTEST_ARGS)
-	$(VENV)/bin/python -m pytest -ra $(DURATIONS) -m "not multinode and not faults and not levers and not bench" tests/integration $(PYTEST_ARGS)
-	$(VENV)/bin/python -m pytest -ra $(DURATIONS) -m levers tests/integration $(PYTEST_ARGS)
-	$(VENV)/bin/python -m pytest -ra $(DURATIONS) -m bench tests/integration $(PYTEST_ARGS)
-	$(VENV)/bin/python -m pytest -ra $(DURATIONS) -m faults tests/integration $(PYTEST_ARGS)
-	$(VENV)/bin/python -m pytest -ra $(DURATIONS) -m multinode tests/integration $(PYTEST_ARGS)
+# collect, each time. scripts/test_phases.sh times each phase and prints the times at the
+# end (also when one fails).
+PYTEST := $(VENV)/bin/python -m pytest -ra $(DURATIONS)
+test:
+	@bash scripts/test_phases.sh \
+	    "setup=bash scripts/bootstrap.sh" \
+	    "lint=$(VENV)/bin/ruff check ." \
+	    "unit+component=$(PYTEST) $(PARALLEL) tests/unit tests/component $(PYTEST_ARGS)" \
+	    "integration=$(PYTEST) -m 'not multinode and not faults and not levers and not bench' tests/integration $(PYTEST_ARGS)" \
+	    "levers=$(PYTEST) -m levers tests/integration $(PYTEST_ARGS)" \
+	    "bench=$(PYTEST) -m bench tests/integration $(PYTEST_ARGS)" \
+	    "faults=$(PYTEST) -m faults tests/integration $(PYTEST_ARGS)" \
+	    "multinode=$(PYTEST) -m multinode tests/integration $(PYTEST_ARGS)"
 
 # Faults injected into a running cluster (tests/integration/test_faults.py).
 faults: setup
