@@ -1,17 +1,12 @@
 """A quantized copy of a local checkpoint, made by the project (shell: torch,
 transformers, compressed-tensors).
 
-W8A8 int8, the scheme vLLM's CPU build has a kernel for on every x86 machine: each linear
-layer's weights rounded to int8 with one scale per output channel (symmetric, round to
-nearest), activations quantized per token at run time (dynamic). The scheme, its
-parameters and the checkpoint format are compressed-tensors' own (its ``W8A8`` preset,
-``int-quantized`` format), the format vLLM loads as ``quantization=compressed-tensors``;
-only the scales are computed here, from each channel's largest weight, which is what
-llm-compressor's min-max observer does for a symmetric scheme without calibration data.
-The output layer (``lm_head``) stays in full precision, as llm-compressor's recipes keep it.
-
-The directory is written atomically like a generated model's, with a marker naming its
-source and scheme, so a changed source (a retrained model) makes a new copy.
+W8A8 int8 in compressed-tensors' own scheme and format (its ``W8A8`` preset,
+``int-quantized``), which vLLM loads as ``quantization=compressed-tensors``: per-channel
+symmetric weight scales from each channel's largest weight, dynamic per-token activations,
+``lm_head`` in full precision. Written atomically, with a marker naming its source and
+scheme, so a changed source makes a new copy. Why: docs/design.md, "Quantization: checked
+where the engine runs, measured through the service".
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """A tiny Llama-architecture model generated locally, for development and tests.
 
-No model hub is reachable from the machines this project is built and tested on, so the
-project makes its own model: random weights from a fixed seed (identical on every run and
-machine for one torch version), a byte-level tokenizer (every UTF-8 string encodes, each
-byte is one token) and a chat template. It produces gibberish, but gibberish that vLLM
-serves exactly like a real checkpoint: same loader, same paged KV cache, same NIXL layout.
-With ``model.generate.train`` it is then trained for a few minutes on the standard
-library's sources (cluster/tiny_training.py), for the benchmarks whose figures need a model
-that has learned something.
-
-The directory is written atomically (to a temporary sibling, then renamed) so that two
-processes racing to create it never see a half-written model.
+Random weights from a fixed seed, a byte-level tokenizer and a chat template: gibberish
+that vLLM serves exactly like a real checkpoint. With ``model.generate.train`` it is then
+trained briefly (``cluster/tiny_training.py``). The directory is written atomically (a
+temporary sibling, then renamed), so two processes racing to create it never see a
+half-written model. Why: docs/design.md, "The tiny local model".
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Train the generated tiny model briefly on text every machine has (shell).
 
-Random weights make the cost levers unmeasurable: a speculative draft is never accepted and
-a quantized model's "quality delta" compares noise with noise. So a tiny model can be
-trained for a few minutes on the running Python's standard-library sources (byte-level,
-like its tokenizer). It learns what code looks like: indentation, keywords, names seen
-earlier in the file, which is enough for prompt-lookup speculation to be accepted and for
-quantization to have a measurable cost in perplexity.
-
-Deterministic for a seed on one machine and torch version: the batches come from a seeded
-generator over a corpus read in sorted order, torch runs its deterministic algorithms,
-and the thread count is fixed (a matrix product's sums are ordered by its threads). One
-file in ten is held out, by a hash of its path, so perplexity has text the model never saw.
+A few minutes on the running Python's standard-library sources (byte-level, like its
+tokenizer), enough for prompt-lookup speculation to be accepted and for quantization to
+cost measurable perplexity. Deterministic for a seed on one machine and torch version; one
+file in ten, by a hash of its path, is held out. Why: docs/design.md, "A tiny model that
+has learned something".
 """
 
 from __future__ import annotations

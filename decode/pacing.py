@@ -1,18 +1,10 @@
 """How often a decode replica sends a stream's outputs to its router (pure).
 
-Every output a decode replica yields is one Ray round trip to the router and, through
-vLLM's OpenAI layer there, one SSE event through Serve's proxy: on this project's CPU
-machines those hops cost a large share of a decode step's CPU per token, and they take it
-from the engines (docs/benchmarks.md, "The hot path"). So a stream sends at most one
-chunk per interval: after a chunk leaves, the replica waits out the rest of the interval
-before it takes the next output, and vLLM merges the tokens made meanwhile into one delta
-(its per-request output collector does that for a consumer that falls behind).
-
-What this keeps: the first output leaves at once (TTFT unchanged), so does the last
-(nothing waits after it), and a token made after a quiet spell of at least the interval
-leaves at once: an engine slower than one token per interval streams every token as it
-exists. Only tokens made faster than that are grouped, each delayed by less than the
-interval.
+At most one chunk per interval (``router.stream_chunk_interval_ms``): after a chunk leaves,
+the replica waits out the rest of the interval before it takes the next output, and vLLM
+merges the tokens made meanwhile into one delta. The first and the last output leave at
+once, and so does a token after a quiet spell of an interval. Why and what it saves:
+docs/design.md, "A stream leaves the decode pool in chunks, at most one per interval".
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from typing import Any
 
 from ray import serve
 
-from cluster.engine.host import EngineReplica
 from cluster.engine.messages import EngineRequest
+from cluster.engine.replica import EngineReplica
 from decode.pacing import hold_before_next
 from kv_transfer.handle import KVHandle
 

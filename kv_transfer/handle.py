@@ -1,17 +1,10 @@
 """The KV handle: where a finished prefill left its KV blocks, and for how long (pure).
 
-The prefill engine returns it (vLLM's ``kv_transfer_params`` of a request finished with
-``do_remote_decode``); the router passes it, unchanged, to the decode engine, whose
-NixlConnector reads the blocks from ``remote_host:remote_port`` and then tells the prefill
-engine to free them. If no decode engine ever reads them, the prefill engine frees them
-when the lease (vLLM's ``kv_lease_duration``) runs out.
-
-The lease starts when the prefill finishes and is renewed by the decode engine from when it
-takes the request. A handle that reaches a decode engine after its lease ran out names
-blocks that may already hold another prompt's KV, and a NIXL read is one-sided: nothing
-would tell the decode engine. So the prefill replica stamps each handle with ``claim_by``,
-a deadline well inside the lease, and a decode replica prefills the prompt itself instead
-of pulling a handle past it (a stalled router, a decode call queued in Serve for long).
+The prefill engine returns it (vLLM's ``kv_transfer_params``) and the router passes it
+unchanged to the decode engine, which pulls the blocks; unread, they are freed when the
+lease (vLLM's ``kv_lease_duration``) runs out. The prefill replica stamps it with
+``claim_by``, a deadline well inside the lease, past which a decode replica prefills the
+prompt itself. Why: docs/design.md, "A handle is pulled only well inside its lease".
 """
 
 from __future__ import annotations

@@ -1,33 +1,12 @@
 """Same-host KV through shared memory: the prefill engine's cache, mapped by the decode engine.
 
-NIXL's UCX backend moves KV between two engines of one host with the kernel's cross-memory
-attach (CMA), a third of a memory copy at best here: UCX can map another process's pages
-only with the xpmem kernel module, and only for memory it allocated itself otherwise
-(docs/benchmarks.md, "KV-transfer micro-benchmark"). This module gets memory speed without
-either, in three parts, each switched on in the engine processes by ``kv_transfer/
-vllm_plugin.py`` when ``kv_transfer.shared_memory`` is on:
-
-- **The prefill engine's KV cache is shared memory.** vLLM allocates a CPU engine's whole
-  cache as one int8 ``torch.zeros``; ``SharedKvAllocation`` (the context vLLM's worker
-  allocates the cache in, a connector's ``get_mem_pool_context``) makes that one buffer a
-  ``memfd``. Nothing else changes for the engine: same tensor, same views, its own pages.
-- **Its NIXL agent says where that memory is.** ``with_trailer`` appends the segments
-  (fd, address, size, inode) and the host's identity to the agent metadata that vLLM's
-  handshake hands the decode engine; ``split_trailer`` takes them off before NIXL sees it.
-- **The decode engine's agent READs by copying.** ``shared_memory_agent`` subclasses NIXL's
-  agent: at the first READ from a peer on the same host (same boot, same PID namespace)
-  whose fd opens through ``/proc/<pid>/fd``, its memory is mapped read-only, and a READ of
-  host memory (DRAM on both sides) from it becomes copies (``copy_plan``), done in
-  ``transfer``, followed by the READ's notification, which tells the prefill engine to
-  free the blocks, as NIXL would send it. Everything else (a peer on another host, one
-  whose memory cannot be mapped or whose process is gone, a descriptor outside the
-  mapping, device memory, a WRITE) goes to NIXL unchanged.
-
-The copy runs in the engine step that posts the READ, as CMA's did (the progress thread is
-off on CPU nodes, so UCX copied in the step that polled the transfer). A mapping outlives a
-prefill engine that dies: its pages stay valid until the decode engine drops the peer, so
-a copy never faults; blocks such an engine no longer owns are the lease's business, as
-with NIXL.
+Three parts, switched on in the engine processes by ``kv_transfer/vllm_plugin.py`` when
+``kv_transfer.shared_memory`` is on: ``SharedKvAllocation`` makes a prefill engine's KV
+cache a memfd; ``with_trailer`` / ``split_trailer`` carry its segments in the NIXL agent
+metadata of vLLM's handshake; ``shared_memory_agent``'s NIXL agent subclass turns a READ of
+a same-host peer's host memory into copies (``kv_transfer/copy_plan.py``) and hands
+everything else to NIXL unchanged. Why, the failure cases and the checks: docs/design.md,
+"Same-host KV moves through the prefill engine's shared cache, between hosts by NIXL".
 """
 
 from __future__ import annotations

@@ -1,31 +1,13 @@
 """A vLLM general plugin: NIXL connector settings and fixes that vLLM does not expose.
 
-vLLM loads ``vllm.general_plugins`` entry points in every engine process (front end,
-engine core, workers) before the KV connector is created, so this is where an agent
-setting can be changed without patching vLLM's sources. The plugin must stay importable
-without vLLM or NIXL work: it only wraps factories.
-
-``PDSERVE_NIXL_PROGRESS_THREAD=0`` turns NIXL's progress thread off. That thread polls
-UCX with a zero timeout and so keeps one core at 100% per engine even when idle; on a
-CPU-only node that core is the one the engine computes on. Without it, transfers are
-progressed when vLLM checks their state on each engine step, which is enough for CPU
-engines. Leave the thread on (the default) on GPU nodes with RDMA, where transfers should
-progress independently of the engine loop.
-
-``PDSERVE_KV_SHARED_MEMORY=1`` (``kv_transfer.shared_memory``) moves KV between engines
-of one host through shared memory instead of UCX (``kv_transfer/shared_kv.py``): a
-producer's KV cache is allocated as a memfd, through the allocation context a connector
-may give (``get_mem_pool_context``), and every engine's NIXL agent is
-``shared_memory_agent``'s subclass, which publishes that memory in its metadata and READs
-a same-host peer's by copying.
-
-Always: a KV connector's construction keeps the calling thread's CPU affinity. vLLM
-0.32's NIXL worker on a CPU platform calls ``os.sched_setaffinity(0, ...)`` with the last
-core of each NUMA node, meant to keep transfers off the cores that compute; but the thread
-it pins is the one constructing it, the engine worker's main thread, which is also the
-OpenMP thread that computes the model. A prefill engine bound to core 0 then computed on
-core 1, beside the decode engine bound there (docs/design.md, "Engines compute on their
-own cores").
+vLLM loads ``vllm.general_plugins`` entry points in every engine process before the KV
+connector is created; the plugin only wraps factories, so it stays importable without
+vLLM or NIXL work. ``PDSERVE_NIXL_PROGRESS_THREAD=0`` turns NIXL's progress thread off,
+``PDSERVE_KV_SHARED_MEMORY=1`` installs ``kv_transfer/shared_kv.py``, and a connector's
+construction always keeps the calling thread's CPU affinity. Why: docs/design.md, "NIXL's
+progress thread is off on CPU nodes (a vLLM general plugin)", "Same-host KV moves through
+the prefill engine's shared cache, between hosts by NIXL" and "Engines compute on their
+own cores".
 """
 
 from __future__ import annotations

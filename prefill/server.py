@@ -12,8 +12,8 @@ import time
 
 from ray import serve
 
-from cluster.engine.host import EngineReplica
 from cluster.engine.messages import EngineRequest, PrefillResult
+from cluster.engine.replica import EngineReplica
 from kv_transfer.handle import KVHandle, prefill_request_params
 
 

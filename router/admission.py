@@ -1,24 +1,11 @@
 """Admission control (pure): a token budget, fair bounded queues, a maximum wait.
 
-A request costs its prompt tokens plus its ``max_tokens`` (the most KV it can come to
-hold). Requests run while their costs fit the budget; beyond it they wait. Each client key
-(an API key, or the ``user`` field) has its own FIFO queue, and the queues take turns
-(round robin), so one key flooding the service cannot starve the others: it fills only its
-own queue (``max_queue_per_key``, then a refusal), gets one admission per turn, and its
-waiters do not hold back another key's request that fits the budget. A full global
-queue refuses at once and a request that has waited ``max_wait_s`` is refused (the shell
-answers these 429 and 503). Both refusals carry a Retry-After. Overload thus queues or
-refuses instead of pushing engines into preemption or out of memory.
-
-Long prompts take a lane of their own: together they may hold at most ``long_budget``
-tokens, and they wait in queues apart from the same key's short requests. A burst of
-8K-token prompts therefore never takes the whole budget, and the short chats behind it
-are not held up waiting for one to finish.
-
-The controller holds no clock and no asyncio: the shell passes ``now`` in, resolves the
-waiters it returns, sleeps until ``next_deadline()`` and refuses exactly the waiters that
-``expire(now)`` names. Every decision, the 503s included, is therefore the controller's,
-and a recorded trace replays exactly.
+A request costs its prompt tokens plus its ``max_tokens``; requests run while their costs
+fit the budget, and wait in per-key FIFO queues that take turns, long prompts in a lane of
+their own. The controller holds no clock and no asyncio: the shell passes ``now`` in,
+resolves the waiters it returns, sleeps until ``next_deadline()`` and refuses exactly the
+waiters ``expire(now)`` names. Why: docs/design.md, "Admission control: a token budget,
+fair per-client queues, a maximum wait" and "Fairness between long and short requests".
 """
 
 from __future__ import annotations

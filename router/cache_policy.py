@@ -1,17 +1,11 @@
 """The response cache's decisions (pure): what may be cached, under which key, for how long.
 
-A cached answer is replayed instead of computed, so only an answer the request determines
-may be stored: greedy sampling, or sampling with an explicit seed, and one choice. The key
-is the canonical request after vLLM's layer applied every default: the prompt's token ids
-(the chat template, tools and generation prompt already rendered into them) and every
-``SamplingParams`` field that shapes the answer, scoped by the model version's fingerprint
-(its weights: a canary or a rebuilt checkpoint never shares an entry) and the tenant (the
-API key: one customer's answers are never another's). Fields that only say how the answer
-is delivered (streamed or whole) are left out, so a stream and a unary request share one
-entry.
-
-``LRUStore`` bounds one router replica's entries by bytes, entry size and age; the clock is
-the caller's (``now`` passed in).
+Only an answer the request determines is stored (greedy, or seeded, with one choice). The
+key is the request as the engine is given it (prompt token ids and the answer-shaping
+``SamplingParams`` fields, not how the answer is delivered), scoped by the version's
+fingerprint and the tenant. ``LRUStore`` bounds a router replica's entries by bytes, entry
+size and age, with the caller's clock. Why: docs/design.md, "A response cache behind
+vLLM's layer, keyed by what the engine is given".
 """
 
 from __future__ import annotations

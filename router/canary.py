@@ -1,27 +1,12 @@
 """The canary gate (pure): promote a canary step by step, hold, or roll it back.
 
-A canary takes a growing share of a served model's traffic (``CanaryPolicy.steps``, by
-default 5 -> 25 -> 50 -> 100 percent). After each change the gate waits one full window, so
-that the statistics it judges were all gathered at the current share, then compares the
-canary with the baseline over that window:
-
-* rollback (to 0) when the canary is clearly worse: its error rate exceeds the baseline's by
-  more than ``max_error_rate_delta`` (absolute), or its p95 time to first token or p95
-  inter-token latency exceeds the baseline's by more than the allowed ratio. A regression
-  rolls back at once, without waiting out the window: the window protects promotions, not
-  users from a bad canary.
-* hold while either side has fewer than ``min_requests`` requests in the window (too few to
-  judge), while less than ``window_s`` has passed since the last change, or when the
-  evaluation command vetoed the promotion (or rollback, with ``rollback_on_veto``).
-* promote to the next step otherwise. Reaching 100 makes the canary the new baseline.
-
-``decide`` reads no clock: ``now`` and ``last_change_at`` come in, so a recorded sequence of
-inputs replays to the same decisions. ``OutcomeWindow`` turns per-request outcomes into the
-``WindowStats`` that ``decide`` compares, with the time passed in as well.
-
-The veto is an input too. The shell asks ``decide`` first with ``veto=None``; only when that
-promotes does it run the evaluation command (``router/canary_eval.py``) and ask again with
-its verdict, so the command runs once per promotion rather than on every tick.
+``decide`` compares the canary with the baseline over one window of ``WindowStats``
+(``OutcomeWindow`` builds them from per-request outcomes): roll back at once when the
+canary is clearly worse, hold while either side has too few requests or a window has not
+passed since the last change, else promote to the next of ``CanaryPolicy.steps`` (100: the
+canary becomes the baseline). It reads no clock, and the evaluation command's veto is an
+input too, asked for only once ``decide`` would promote. Why: docs/design.md, "Model
+versions: their own pools, sticky weighted choice, a gate that steps".
 """
 
 from __future__ import annotations

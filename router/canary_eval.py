@@ -1,17 +1,12 @@
 """The canary's evaluation command (thin shell): may the canary take the next step?
 
-Before the gate promotes a canary it can run an operator's command — an offline eval, a
-smoke test against the canary — and let it veto. The command is an argv list (run as is)
-or a string (run by ``/bin/sh``). It learns the context from environment variables:
-
-    PDSERVE_CANARY_VERSION    the canary's version
-    PDSERVE_BASELINE_VERSION  the baseline's version
-    PDSERVE_CANARY_PERCENT    the canary's share now
-    PDSERVE_NEXT_PERCENT      the share it would be promoted to
-
-Exit status 0 allows the promotion; anything else vetoes it. Failing safe, so does a command
-that cannot be started or runs past its timeout (it is killed with its whole process group).
-The veto's reason carries the last lines of the command's stderr (else stdout), truncated.
+An operator's command (an argv list, or a string run by ``/bin/sh``) run before a promotion,
+with ``PDSERVE_CANARY_VERSION``, ``PDSERVE_BASELINE_VERSION``, ``PDSERVE_CANARY_PERCENT`` and
+``PDSERVE_NEXT_PERCENT`` in its environment. Exit status 0 allows the promotion; anything
+else vetoes it, and so, failing safe, does a command that cannot start or runs past its
+timeout (its process group is killed). The veto's reason carries the tail of its stderr
+(else stdout). Why: docs/design.md, "Model versions: their own pools, sticky weighted
+choice, a gate that steps".
 """
 
 from __future__ import annotations

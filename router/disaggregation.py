@@ -1,17 +1,10 @@
 """Whether a request goes through the prefill pool or is prefilled by its decode engine (pure).
 
-Disaggregation has a fixed cost per request: a hop to a prefill replica, a KV transfer
-and a second scheduling on the decode side (~75 ms at low load on the project's CPU
-machine, docs/benchmarks.md). For a prompt that the decode engine prefills in less than
-that, it is pure loss; long prompts are what must be kept off the decode engines, where
-their prefill would stall every running stream. So prompts shorter than a threshold take
-the decode-local path.
-
-What a decode engine computes is not the prompt but the part of it its prefix cache
-lacks. The next turn of a conversation repeats the last turn's prompt and answer, which
-the decode engine that produced the answer still holds: that request is decode-local when
-its *uncached* tokens are under the threshold, pinned to that replica (llm-d's prefix-aware
-decider; docs/design.md, "The next turn stays on its decode engine").
+Prompts shorter than a threshold take the decode-local path; with the decode pool's prefix
+belief (``choose_path_with_cache``) the threshold applies to the prompt tokens missing from
+the decode replica believed to hold its longest head, and a decode-local request is pinned
+to that replica. Why and what it measured: docs/design.md, "Per-request disaggregation" and "The
+next turn stays on its decode engine".
 """
 
 from __future__ import annotations

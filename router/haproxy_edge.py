@@ -1,27 +1,11 @@
 """HAProxy's own error answers, made to speak like the API (shell).
 
-With ``router.ingress: haproxy`` an HAProxy process per node takes clients' HTTP and hands
-it to the router replicas. When it cannot get an answer from one (502: the replica's
-connection broke, a replica killed under a request on a new connection; 503: no replica
-to send it to; 504: one did not answer in time), HAProxy answers itself, with the file its
-config names for those statuses. Ray 2.60 writes that file and the config
-(``ray.serve._private.haproxy``): a plain-text "500 Internal Server Error" without
-``Retry-After``, and it has no setting for either. What it lets an operator set is the
-binary it starts (``RAY_SERVE_HAPROXY_BINARY_PATH``); pdserve points that at this module's
-command, which writes pdserve's answer over the files the config names and then becomes
-the real HAProxy (``exec``: the process Ray started and signals is HAProxy, under its own
-name).
-
-pdserve's answer is the one ``router/proxy_edge.py`` gives when Serve's proxy loses a
-router replica before it answered: a JSON 503 with ``Retry-After: 1``, since sending the
-request again reaches a replica that is up.
-
-Ray starts HAProxy through this command at every start and every reload, so a page that
-Ray's HAProxy manager rewrote on its own restart is replaced before HAProxy reads it.
-
-A request on a connection HAProxy reused (Ray's ``http-reuse always``) whose replica dies
-gets no page: HAProxy closes the client's connection instead, as a server closing an idle
-keep-alive connection would (docs/design.md, "HAProxy ingress").
+With ``router.ingress: haproxy`` Ray starts HAProxy through this module's command
+(``RAY_SERVE_HAPROXY_BINARY_PATH``), which writes pdserve's answer (the JSON 503 with
+``Retry-After: 1`` of ``router/proxy_edge.py``) over the error files HAProxy's config names
+and then ``exec``s the real HAProxy, at every start and reload. Why, and what a killed
+replica's client sees instead: docs/design.md, "HAProxy ingress: Serve's Python proxy out
+of the path, opt-in".
 """
 
 from __future__ import annotations

@@ -1,31 +1,13 @@
 """What clients meet first: Serve's HTTP proxy, made to speak like the API (shell).
 
-Before a router replica answers, Ray Serve's proxy may end a request on its own, in plain
-text: 503 when every router replica's queue is full (with ``Retry-After``) or none is up,
-408 when ``request_timeout_s`` passed. When the router replica dies before answering, the
-proxy sends nothing and uvicorn answers a bare 500; when it dies mid-stream, the body just
-stops. A client of an OpenAI API expects a JSON error it can parse, with a status that says
-whether to retry. And the proxy obeys two request headers meant for a trusted load balancer
-in front of it: ``x-request-timeout-seconds`` (0 lifts the timeout) and
-``x-request-disconnect-disabled`` (a request runs on after its client left); from a client
-they would lift limits the operator set.
-
-``ProxyEdge`` wraps the proxy's ASGI app (installed with Serve's
-``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH``, see ``cluster.serve_env.proxy_env``):
-
-- it drops those two headers from requests;
-- a plain-text error answer becomes ``{"error": {...}}`` with the same status and headers;
-- a request that got no answer at all becomes a 503 with ``Retry-After`` (its router
-  replica was lost: sending it again is right);
-- an event stream that stopped without its end gets an error event, never a silent cut;
-- a POST's body (up to ``PRELOAD_MAX_BYTES``, if it arrives within ``PRELOAD_WAIT_S``)
-  is read before the request is routed and travels in the scope, which Serve sends with
-  the request: otherwise the router replica fetches the body from the proxy with a call
-  back to it (Serve's ``ASGIReceiveProxy``), one more round trip between the processes,
-  2 to 3 ms on an idle machine here, before the router can parse the request.
-  ``PreloadedBody`` wraps the router's app and hands it the body from the scope.
-
-Everything the router itself answers (JSON already) passes through untouched.
+``ProxyEdge`` wraps the proxy's ASGI app (installed through Serve's
+``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH``, see ``cluster.serve_env.proxy_env``): it drops
+the trusted-balancer headers, turns the proxy's plain-text errors and lost answers into
+OpenAI errors (a cut event stream gets an error event), and reads a small POST body ahead
+into the scope, where ``PreloadedBody``, wrapping the router's app, hands it over. What the
+router answers itself passes through untouched. Why: docs/design.md, "What Serve's proxy
+answers by itself is made an OpenAI error" and "A request's body travels with it, in the
+scope".
 """
 
 from __future__ import annotations

@@ -1,28 +1,12 @@
 """Ray Serve request routers of the two engine pools (shell around ``replica_choice``).
 
-Serve builds one router per deployment handle (in each process that calls the pool) and
-asks it ``choose_replicas(candidate_replicas, pending_request)`` for every request; the
-answer is a list of ranks, each a list of replicas. Serve sends the request to the replica
-of the first rank that accepts it (within a rank it would pick the shortest queue, so every
-rank here holds one replica: the ranking is strict) and calls ``choose_replicas`` again,
-after a backoff, when all of them are full.
-
-Two hooks keep the routers' own state: ``on_request_routed`` (the replica accepted the
-request: record its prefix there, count it as pending) and ``on_request_completed``
-(drop it from the pending tally, or take it off the replica's last report when that
-counted it). Serve runs all of these on the router's event loop, so
-the state needs no lock, except the decode pool's prefix belief, which the request flow
-also reads and writes (router/decode_prefixes.py).
-
-No FIFO or locality mixin: ``FIFOMixin`` would hand the replica chosen for this request's
-prompt to whichever request waited longest (a different prompt), and locality would
-override prefix affinity. Without them Serve gives the chosen replica to exactly the
-request it was chosen for.
-
-Serve passes ``RequestRouterConfig.request_router_kwargs`` to ``initialize_state``; that
-is how the config's ``router.routing`` section and the engines' block size (prefill) or
-``max_num_seqs`` (decode) reach the routers, which build their policies from them with
-``from_config`` (``request_router_config``).
+Serve builds one router per deployment handle and asks its ``choose_replicas`` for every
+request; the answer is a strict ranking, one replica per rank. ``on_request_routed`` and
+``on_request_completed`` keep the routers' own state (prefixes, pending requests) on the
+router's event loop. The policies are built with ``from_config`` from Serve's
+``request_router_kwargs`` (``request_router_config``): the config's ``router.routing`` and
+the engines' block size or ``max_num_seqs``. Why: docs/design.md, "Replica choice: Serve
+request routers fed by replica reports".
 """
 
 from __future__ import annotations

@@ -2,16 +2,10 @@
 
 ``router.cache_policy`` decides what may be cached and under which key; this module keeps
 the entries (``MemoryStore`` in the router replica, or ``RedisStore`` shared by several),
-makes identical requests in flight at once compute once (``ResponseCache.lookup_or_lead``)
-and turns a finished answer into an entry and back (``encode_output``,
-``replayed_output``).
-
-An entry is the answer's final ``RequestOutput`` as JSON: token ids, text, logprobs, finish
-reason, never pickled objects (a shared store is a network service: what comes back from
-it is data, not code). vLLM's serving layer replays it as it writes any answer, streamed or
-whole, with the request's own fresh id.
-
-A store that fails (Redis down) is a miss, logged and counted, never a failed request.
+makes identical requests in flight compute once (``ResponseCache.lookup_or_lead``) and
+turns a finished answer into a JSON entry and back (``encode_output``, ``replayed_output``).
+A failing store is a miss, never a failed request. Why: docs/design.md, "A response cache
+behind vLLM's layer, keyed by what the engine is given".
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """What to do when a stage of a request's path fails (pure: no Ray, no clock of its own).
 
-A request's path is prefill → KV transfer → decode. Nothing reaches the client before the
-first token, so until then a failure costs only time: the prefill is retried on another
-replica, then left to the decode engine (the decode-local path, which needs no prefill
-replica at all); a decode that fails before its first token is run again decode-local. A
-decode that fails mid-stream is migrated: the tokens already sent are appended to the
-prompt and another decode replica continues from there, with what is left of
-``max_tokens``, so the client's stream goes on with no token lost or repeated.
-
-Only failures of the cluster are retried (a replica or engine that died, was unavailable
-or passed a deadline); a request the engine refused is the client's to fix. Every retry
-is bounded: attempts per stage, migrations per request and a total time, measured from
-the request's start by the caller's clock.
+Before the first token a failed prefill is retried, then left to the decode engine, and a
+failed decode runs again decode-local; after it, a decode is migrated (the tokens sent
+appended to the prompt) to another decode replica. Only the cluster's failures are
+retried, within attempts per stage, migrations per request and a total time measured by
+the caller's clock. Why: docs/design.md, "Retries, migration and deadlines".
 """
 
 from __future__ import annotations

@@ -1,35 +1,12 @@
 """Model versions (pure): which version of a served model answers a request.
 
-A served model name (what clients put in ``model``) maps to weighted versions, for example
-``chat -> {"v1": 95, "v2": 5}``: non-negative integer weights, at least one positive. A
-version of weight 0 is never chosen.
-
-With a sticky key (the OpenAI ``user`` field, else the API key) the version is a
-deterministic function of (served name, key, weights), so one conversation stays on one
-version while the weights are unchanged. The mapping is weighted rendezvous hashing: each
-version gets its own uniform point ``u = hash(served name, version, key)`` and with it an
-exponential "arrival time" ``-ln(1 - u) / weight``; the earliest arrival wins. The earliest
-of independent exponentials of rates w_i is i with probability w_i / sum(w), so keys spread
-over versions per the weights; salting with the served name makes the assignments of two
-served names independent. A version's arrival depends on its own weight alone, hence:
-
-* raising one version's weight moves keys only onto it, never off it;
-* lowering one version's weight moves keys only off it (at 0 it keeps none);
-* changing one version's weight never moves a key between two other versions.
-
-A canary step (baseline 95 -> 75, canary 5 -> 25) changes two weights in opposite
-directions, and every key that moves either leaves the baseline or joins the canary: nobody
-leaves the canary while its weight grows, and with two versions exactly the baseline users
-who move go to the canary, about (25 - 5) / 95 of them.
-
-Ordering rule: there is none to get right. The sticky choice is symmetric in the version
-names; renaming, reordering or adding a zero-weight version moves nobody. (Mapping one hashed
-point through cumulative weights would need an order, and keeps users in place only for the
-first and the last interval of it: with three or more versions every middle version's users
-would be reshuffled by a canary step. That is why sticky keys do not use it.)
-
-Without a sticky key there is nothing to keep stable, and the injected uniform ``draw`` is
-mapped through the cumulative weights in version-name order.
+A served name maps to weighted versions (``chat -> {"v1": 95, "v2": 5}``; weight 0: never
+chosen). With a sticky key (the ``user`` field, else the API key) the choice is weighted
+rendezvous hashing over (served name, version, key), so a conversation keeps its version
+while the weights hold and a weight change moves keys only onto or off that version;
+without one, the injected uniform ``draw`` goes through the cumulative weights in
+version-name order. Why: docs/design.md, "Model versions: their own pools, sticky
+weighted choice, a gate that steps".
 """
 
 from __future__ import annotations

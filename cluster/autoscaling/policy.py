@@ -1,61 +1,11 @@
 """How many replicas each pool should have (pure: no Ray, no clock; ``now`` is passed in).
 
-The model
----------
-Every signal is turned into a number of replicas (a :class:`Need`); a pool wants the
-largest of them.
-
-Prefill pool (compute-bound)
-    queue        queued prefill tokens (waiting + being prefilled, summed over replicas)
-                 / ``target_queued_tokens_per_replica``
-    throughput   prompt tokens/s / (``tokens_per_s_per_replica`` x ``target_utilisation``)
-    latency      if p95 TTFT > SLO (``slo.ttft_p95_s``): current x min(p95 / SLO,
-                 ``max_upscale_factor``), and at least one replica more
-
-Decode pool (memory-bandwidth-bound)
-    sequences    running sequences / ``target_running_seqs_per_replica``
-    KV cache     sum of the replicas' KV-cache fractions / ``target_kv_usage``
-    throughput   output tokens/s / (``output_tokens_per_s_per_replica`` x ``target_utilisation``)
-    latency      if p95 ITL > SLO (``slo.itl_p95_s``): as for prefill
-
-Both pools together (:func:`decide_app`)
-    Both pools serve one request stream, so the observed token mix fixes the proportion of
-    prefill to decode capacity::
-
-        prefill demand = prompt tokens/s / (prefill tokens/s per replica x utilisation)
-        decode demand  = output tokens/s / (decode tokens/s per replica x utilisation)
-        ratio          = prefill demand / decode demand   (prefill replicas per decode one)
-
-    Each pool's throughput need already follows this ratio, so a shift towards long
-    prompts or long answers moves capacity from one pool to the other. On top, when one
-    pool scales up, the other gets a *companion* need: its need (at most its new count, and
-    before the spare below) converted by the ratio, less ``ratio_tolerance``. A burst that
-    shows first in one pool (a prefill queue) thus also raises the pool it reaches next,
-    before that pool is starved of capacity.
-    The companion only ever raises: it neither blocks a scale-down nor lasts beyond the
-    decision that caused it, so a pool that shrinks slowly cannot hold the other one up.
-
-Rules applied to the needs
-    Scale up when the largest need is above the pool, to that need with ``hysteresis`` to
-    spare (need / (1 - ``hysteresis``): the level at which the scale-down rule below holds;
-    the highest such level of all needs, where a latency need, a proportional step already,
-    and the companion get none), but by at most x``max_upscale_factor`` (and at least one
-    replica) per step; a spare the step cuts short is not pursued later. The spare is for the
-    minutes a replica takes to start: the load that asked for it keeps rising meanwhile,
-    and replicas sized to the load of the moment they were asked for are too few the moment
-    they serve. Take the next step only once the replicas of the last one are
-    running and ``upscale_cooldown_s`` has passed since: a queue of prompt tokens is a stock,
-    and sizing a pool to drain a backlog instantly, with replicas that take minutes to
-    start, would overshoot. Scale down only when the load fits fewer replicas with
-    ``hysteresis`` to spare, p95 latency is below (1 - ``hysteresis``) x SLO, this has been so
-    for ``downscale_delay_s`` in a row, and ``downscale_cooldown_s`` has passed since the
-    last scale event; remove at most ``max_downscale_step`` replicas. Clamp the result to
-    [max(min_replicas, standby floor), max_replicas]: bounds and floor apply at once, and
-    ``max_replicas`` wins over the floor.
-
-The pool's p95 latency is the mean of its replicas' p95s: scaling out cannot fix one slow
-replica, so one straggler should not trigger it. Throughput is what replicas *served*: at
-saturation it under-states demand, which is why the queue and latency needs exist.
+Every signal becomes a ``Need`` in replicas (``prefill_needs``, ``decode_needs``, p95
+latency against the ``slo``) and a pool takes the largest; ``decide_prefill`` and
+``decide_decode`` apply the step, cool-down, hysteresis, bounds and standby-floor rules to
+it, and ``decide_app`` sizes both pools together by the observed prompt/output token mix.
+Why, and what it measured: docs/design.md, "Autoscaling: the pools' own policies, a
+standby floor, drain on the way down".
 """
 
 from __future__ import annotations

@@ -1,36 +1,12 @@
 """Ray Serve custom autoscaling policies for the pools (the thin shell over ``policy``).
 
-The interface, as read in ray 2.60.0 (``ray/serve/config.py``, ``autoscaling_policy.py``,
-``_private/autoscaling_state.py``, ``_private/replica.py``):
-
-* Replicas report: a deployment class with ``record_autoscaling_stats(self) ->
-  dict[str, float]`` is polled on each replica (every
-  ``RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S``, 10 s by default); the values
-  reach the controller and appear in the policy's ``AutoscalingContext`` as
-  ``ctx.aggregated_metrics[name][replica_id]`` (each replica's time-weighted mean over
-  ``look_back_period_s``, or min/max per ``aggregation_function``) and as
-  ``ctx.raw_metrics[name][replica_id]`` (the time series). The names pdserve's replicas
-  report are those of ``cluster.engine.load_report`` (the fields of ``ReplicaObservation``); a
-  replica that served nothing in the window leaves out its latency keys rather than
-  reporting 0.
-* A policy is named by ``AutoscalingPolicy.policy_function`` ("module:attr"). Serve passes
-  ``policy_kwargs`` only to a *class*, instantiated once in the controller; a plain function
-  never sees them. So the policies here are classes, built from :func:`policy_kwargs`:
-  ``AutoscalingConfig.model_dump(mode="json")`` plus the cluster's ``slo`` under ``slo``.
-* Deployment level (``autoscaling_config.policy``): ``policy(ctx) -> (replicas,
-  state: dict)``. ``ctx.target_num_replicas`` is the current target,
-  ``ctx.policy_state`` what the last call returned (plus Serve's own keys, merged in).
-  Serve then applies ``upscaling_factor``/``downscaling_factor``, ``upscale_delay_s``/
-  ``downscale_delay_s`` and min/max; :func:`autoscaling_config_for` sets the delays to 0,
-  so the cool-downs are this package's, replayable in tests.
-* Application level (``autoscaling_policy`` of an application in a Serve config file;
-  it overrides deployment-level policies): ``policy({DeploymentID: ctx}) ->
-  ({DeploymentID: replicas}, {DeploymentID: state})``; each deployment's own
-  ``autoscaling_config`` still supplies its bounds and delays. Deployments left out of the
-  answer (the router) keep their target.
-
-Every decision is logged with its reason and exported as metrics; a failure to export
-never affects scaling, and a failing policy holds the current target.
+The policies are classes built from :func:`policy_kwargs` (Serve passes ``policy_kwargs``
+to a class only): ``PrefillAutoscalingPolicy`` / ``DecodeAutoscalingPolicy`` per deployment
+(:func:`autoscaling_config_for`, Serve's own delays set to 0) and ``AppAutoscalingPolicy``
+for a Serve config file (:func:`app_autoscaling_policy`). They read the replicas'
+``record_autoscaling_stats`` (``cluster.engine.load_report``) from Serve's context, log
+and export each decision, and hold the target when they fail (docs/design.md,
+"Autoscaling: the pools' own policies, a standby floor, drain on the way down").
 """
 
 from __future__ import annotations

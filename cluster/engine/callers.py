@@ -1,18 +1,10 @@
 """Abort the requests of a router replica that died (shell: Ray actors, asyncio).
 
-A router replica reads each request's outputs through a Ray streaming call. When that
-replica dies (killed, out of memory, its node lost), Ray does not cancel the call on the
-engine's side: the engine would go on generating every remaining token of every stream
-that replica held, for nobody, holding their KV blocks and slowing every other stream.
-
-So each request names its caller (``EngineRequest.caller``: the router replica's actor
-namespace and name), and an engine replica checks the callers of its requests in flight
-every ``period_s``. A caller that Ray reports dead (a call to its actor, looked up by
-name at its first check, fails with ``ActorDiedError``) has its requests aborted in the
-engine. A caller that is only slow to answer (a busy or stopped process) is left alone: it
-may come back, and its own deadlines and disconnects abort what it no longer wants. So is
-one whose name does not resolve at its first check: a wrong name must not abort every
-request (a caller that died before its first request here is not told from it).
+Each request names its caller (``EngineRequest.caller``), and ``CallerWatch`` pings the
+callers of an engine replica's requests in flight every ``period_s``: a caller Ray reports
+dead (``ActorDiedError``) has its requests aborted in the engine; one that is slow to
+answer, or whose name does not resolve at its first check, is left alone. Why:
+docs/design.md, "Retries, migration and deadlines".
 """
 
 from __future__ import annotations

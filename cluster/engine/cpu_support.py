@@ -1,22 +1,11 @@
 """Which quantization settings a CPU engine can run on a given processor (pure).
 
-vLLM's CPU build picks its kernels at start from the processor's instructions, and fails
-deep inside the engine's start where none fits (an fp8 KV cache on an AVX2-only machine
-raises in the attention backend, after the weights have loaded). pdserve checks first,
-with the same rules, and refuses with a message that names the setting, the missing
-instructions and what to do instead. Machines differ: one may have AVX2 only, another
-AVX-512 and AMX, so the check runs where the engine runs (cluster/engine/cpu_check.py).
-
-The rules, read in vLLM 0.32's CPU build:
-- fp8 KV cache (``kv_cache_dtype`` fp8/fp8_e4m3/fp8_e5m2): x86 with AVX-512 or AMX
-  (``cpu_attn._get_attn_isa``), and a head size divisible by 32.
-- fp8 weights (``quantization: fp8``, W8A8): AMX tiles with AMX-FP8
-  (``CPUFP8W8A8ScaledMMLinearKernel``).
-- int8 W8A8 (compressed-tensors) has a kernel for every x86 CPU (oneDNN), but on a CPU
-  with AMX vLLM picks its AMX kernel (``check_cpu_sgl_kernel``, for layers whose sizes fit
-  its tiles, as real models' do) without asking the activations' dtype, and that kernel
-  (``int8_scaled_mm_with_quant``) takes bfloat16 or float16 only: with ``engine.dtype``
-  float32 the first step fails (seen on a Xeon with AMX, 2026-12-05).
+vLLM's CPU build picks its kernels from the processor's instructions and fails deep inside
+the engine's start where none fits; these are its rules (vLLM 0.32), checked first so that
+pdserve refuses with a message naming the setting, the missing instructions and what to do
+instead. ``cluster/engine/cpu_check.py`` applies them where the engine runs. The rules and
+where in vLLM they come from: docs/design.md, "Quantization: checked where the engine runs,
+measured through the service".
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Both pools use it: the prefill deployment as NIXL KV producer, the decode deployment as
 KV consumer. It applies the pure decisions of ``engine_config`` (arguments, environment,
 side-channel port), converts pdserve messages to vLLM objects, and keeps
-``EngineStats`` current through vLLM's stat-logger interface.
+``EngineStats`` current through vLLM's stat-logger interface (``stats_logger``).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from cluster.engine.callers import CallerWatch
 from cluster.engine.cpu_check import check_engine
 from cluster.engine.load_report import LoadReporter
 from cluster.engine.messages import EngineRequest
-from cluster.engine.routing_stats import routing_stats_from
 from cluster.engine.stall import StepWatch, is_stalled
 from cluster.engine.stats import EngineStats
+from cluster.engine.stats_logger import publish_gauges, stats_logger_factory, vllm_metrics_logger
 from cluster.recorder import Counts, Recorder
 from kv_transfer.connector import Role, connector_config, engine_id_for
 
@@ -62,7 +62,7 @@ class EngineHost:
         while not self._stop.wait(m.ENGINE_PUBLISH_S):
             try:
                 self._counts.flush(recorder)
-                _publish_gauges(recorder, tags, self.stats)
+                publish_gauges(recorder, tags, self.stats)
             except Exception:
                 logger.exception("publishing the engine's metrics failed; trying again")
         self._counts.flush(recorder)
@@ -103,8 +103,8 @@ class EngineHost:
         tags = {"version": version, "pool": role, "replica": engine_id}
         recorder, counts, steps = Recorder(), Counts(), StepWatch()
         engine = AsyncLLM.from_engine_args(
-            args, stat_loggers=[_stats_logger_factory(stats, recorder, counts, tags, steps),
-                                _vllm_metrics_logger(config.engine.vllm_metrics)]
+            args, stat_loggers=[stats_logger_factory(stats, recorder, counts, tags, steps),
+                                vllm_metrics_logger(config.engine.vllm_metrics)]
         )
         logger.info("%s engine %s ready, NIXL side channel %s:%d",
                     role, engine_id, side_channel_host, side_channel_port)
@@ -296,37 +296,6 @@ def _kv_args(kv_transfer_params: Mapping[str, Any] | None) -> dict[str, Any] | N
     return {"kv_transfer_params": dict(kv_transfer_params)} if kv_transfer_params else None
 
 
-def _stats_logger_factory(stats: EngineStats, recorder: Recorder, counts: Counts,
-                          tags: dict[str, str], steps: StepWatch):
-    """A vLLM stat-logger factory whose loggers feed ``stats``, the Prometheus metrics and
-    ``steps`` (the engine core reports its scheduler's stats after every step)."""
-    from vllm.v1.metrics.loggers import StatLoggerBase
-
-    class _Logger(StatLoggerBase):
-        def __init__(self, vllm_config: Any, engine_index: int = 0):
-            _publish_gauges(recorder, tags, stats)
-
-        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
-            if scheduler_stats is not None:
-                steps.stepped(time.monotonic(), has_requests=_holds_requests(scheduler_stats))
-                _observe_scheduler(stats, recorder, tags, scheduler_stats)
-                _observe_speculation(stats, counts, tags, scheduler_stats.spec_decoding_stats)
-            if iteration_stats is not None:
-                _observe_iteration(stats, recorder, counts, tags, iteration_stats)
-
-        def log_engine_initialized(self) -> None:
-            pass
-
-    return _Logger
-
-
-def _holds_requests(scheduler_stats: Any) -> bool:
-    """The scheduler holds requests after this step: running, waiting, or waiting aside
-    (vLLM's deferred queue, e.g. a request whose KV is still being pulled)."""
-    return bool(scheduler_stats.num_running_reqs or scheduler_stats.num_waiting_reqs
-                or getattr(scheduler_stats, "num_skipped_waiting_reqs", 0))
-
-
 def _kill_engine_processes(engine: Any) -> list[int]:
     """SIGKILL the engine's EngineCore processes and everything under them (a stopped or
     stuck process acts on nothing gentler), and return their pids. vLLM's monitor then
@@ -347,158 +316,3 @@ def _kill_engine_processes(engine: Any) -> list[int]:
                 member.kill()
                 killed.append(member.pid)
     return killed
-
-
-def _vllm_metrics_logger(export: bool):
-    """vLLM's Prometheus stat logger: through Ray's metrics (vLLM's own wrapper, which Ray
-    Serve LLM uses) when ``export`` (``engine.vllm_metrics``), else one that records nothing.
-
-    vLLM adds its plain Prometheus logger to every engine given none: inside a Ray replica
-    its registry is scraped by nobody, yet it records on every step (3% of a decode
-    replica's py-spy samples under streaming load: docs/benchmarks.md). Giving vLLM a logger
-    of that class is how it is told not to.
-    """
-    from vllm.v1.metrics.loggers import PrometheusStatLogger
-
-    if export:
-        from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
-
-        return RayPrometheusStatLogger
-
-    class _Unexported(PrometheusStatLogger):
-        def __init__(self, vllm_config: Any, engine_indexes: list[int] | None = None):
-            pass
-
-        def record(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
-        def record_admission_rejection(self, reason: str) -> None:
-            pass
-
-        def record_sleep_state(self, sleep: int = 0, level: int = 0) -> None:
-            pass
-
-        def log_metrics_info(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
-        def log_engine_initialized(self) -> None:
-            pass
-
-        def log(self) -> None:
-            pass
-
-    return _Unexported
-
-
-def _observe_scheduler(stats: EngineStats, recorder: Recorder, tags, scheduler_stats) -> None:
-    stats.observe_scheduler(
-        scheduler_stats.kv_cache_usage,
-        scheduler_stats.num_running_reqs,
-        scheduler_stats.num_waiting_reqs,
-    )
-    data = scheduler_stats.kv_connector_stats
-    if not data:
-        return
-    # NixlKVConnectorStats.data: lists of per-transfer observations since the last report.
-    durations = data.get("transfer_duration", [])
-    num_bytes = int(sum(data.get("bytes_transferred", [])))
-    failures = sum(
-        len(data.get(key, []))
-        for key in ("num_failed_transfers", "num_failed_handshakes", "num_failed_notifications")
-    )
-    leases_expired = len(data.get("num_kv_expired_reqs", []))  # the producer's side
-    stats.observe_transfers(num_transfers=len(durations), num_bytes=num_bytes,
-                            failures=failures, leases_expired=leases_expired)
-    for seconds in durations:
-        recorder.observe(m.KV_TRANSFER_SECONDS, tags, seconds)
-    recorder.inc(m.KV_TRANSFER_BYTES, tags, num_bytes)
-    recorder.inc(m.KV_TRANSFER_FAILURES, tags, failures)
-    recorder.inc(m.KV_LEASES_EXPIRED, tags, leases_expired)
-
-
-def _observe_speculation(stats: EngineStats, counts: Counts, tags, spec) -> None:
-    """A step's speculative-decoding counts (None when the engine does not speculate)."""
-    if spec is None:
-        return
-    stats.observe_speculation(spec.num_draft_tokens, spec.num_accepted_tokens)
-    counts.add(m.SPEC_TOKENS, {**tags, "kind": "drafted"}, spec.num_draft_tokens)
-    counts.add(m.SPEC_TOKENS, {**tags, "kind": "accepted"}, spec.num_accepted_tokens)
-
-
-def _publish_gauges(recorder: Recorder, tags: dict[str, str], stats: EngineStats) -> None:
-    recorder.set(m.REPLICAS, tags, 1)
-    recorder.set(m.KV_USAGE, tags, stats.kv_cache_usage)
-    recorder.set(m.RUNNING, tags, stats.num_running)
-    recorder.set(m.WAITING, tags, stats.num_waiting)
-
-
-def _observe_iteration(stats: EngineStats, recorder: Recorder, counts: Counts, tags,
-                       iteration_stats) -> None:
-    tokens = iteration_stats.prompt_token_stats
-    stats.observe_iteration(
-        computed=tokens.computed,
-        cached=tokens.local_cache_hit,
-        transferred=tokens.external_kv_transfer,
-        generation_tokens=iteration_stats.num_generation_tokens,
-        finished=len(iteration_stats.finished_requests),
-    )
-    for source, count in (("computed", tokens.computed), ("cached", tokens.local_cache_hit),
-                          ("transferred", tokens.external_kv_transfer)):
-        counts.add(m.ENGINE_PROMPT_TOKENS, {**tags, "source": source}, count)
-    counts.add(m.ENGINE_GENERATION_TOKENS, tags, iteration_stats.num_generation_tokens)
-    for finished in iteration_stats.finished_requests:
-        recorder.observe(m.ENGINE_PHASE, {**tags, "phase": "queued"}, finished.queued_time)
-        recorder.observe(m.ENGINE_PHASE, {**tags, "phase": "prefill"}, finished.prefill_time)
-
-
-class EngineReplica:
-    """What both pools' Serve deployments share: one engine per replica, its lifecycle.
-
-    Subclasses add the pool's request method (``prefill`` or ``generate``).
-    """
-
-    role: Role
-
-    def __init__(self, config: PDServeConfig, version: str):
-        from cluster.engine.identity import current_replica_identity
-
-        identity = current_replica_identity(config, config.pool_index(version, self.role))
-        self._drain_timeout_s = config.pool(version, self.role).drain_timeout_s
-        self._lease_s = config.kv_transfer.lease_s
-        self._host = EngineHost.start(
-            config,
-            self.role,
-            replica_id=identity.replica_id,
-            side_channel_host=identity.side_channel_host,
-            side_channel_port=identity.side_channel_port,
-            version=version,
-        )
-
-    async def stats(self) -> dict:
-        return self._host.stats.snapshot()
-
-    async def record_autoscaling_stats(self) -> dict[str, float]:
-        """This replica's load for the pool's autoscaling policy (Serve polls it)."""
-        return self._host.load.report(self._host.stats, time.monotonic())
-
-    async def record_routing_stats(self) -> dict:
-        """This replica's load for the pool's request router (Serve polls it every ~1 s)."""
-        return routing_stats_from(self._host.stats, max_num_seqs=self._host.max_num_seqs,
-                                  reported_at=time.time(), engine_dead=self._host.engine_dead,
-                                  engine_stalled_s=self._host.stalled_s())
-
-    async def check_health(self) -> None:
-        await self._host.check_health()
-
-    async def __del__(self) -> None:
-        """Serve's graceful shutdown (scale-down, rollout); Serve has already let in-flight
-        requests finish. A prefill replica also keeps its engine until decode engines have
-        pulled the KV blocks it holds for them, so a scale-down loses no request."""
-        host = getattr(self, "_host", None)
-        if host is None:
-            return
-        self._host = None
-        if self.role == "prefill" and not await host.wait_released(self._drain_timeout_s):
-            logger.warning("prefill replica stopping with KV blocks still unclaimed after "
-                           "%.0fs", self._drain_timeout_s)
-        host.shutdown()

@@ -1,17 +1,9 @@
 """Whether an engine that has work has stopped stepping (pure: times are passed in).
 
-A replica's health check asks vLLM's ``AsyncLLM``, which only knows an engine that died:
-an EngineCore that hangs (a stuck collective, a driver stall, a SIGSTOP) keeps its replica
-healthy, and every request sent there waits out a deadline. What a live engine with work
-always does is step: vLLM's scheduler reports its stats after every step, an empty one
-included (a request waiting for its KV), so a gap between reports while the engine holds
-requests is a stall.
-
-"Holds requests" is taken from the engine's own last report (running or waiting
-requests), not from the replica's open streams: a stream whose reader is slow stays open
-after the engine has finished it, and that engine, idle, steps no more. A request handed
-to an engine that looked idle starts the clock too, so a hang that began while the engine
-was idle is found by the next request sent to it.
+vLLM's scheduler reports its stats after every step, an empty one included, so a gap
+between reports while the engine holds requests (by its own last report, or a request
+handed to it since) is a stall. ``StepWatch`` keeps those times; ``is_stalled`` compares
+with ``engine.stall_timeout_s``. Why: docs/design.md, "Retries, migration and deadlines".
 """
 
 from __future__ import annotations

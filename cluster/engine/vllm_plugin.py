@@ -1,38 +1,12 @@
 """A vLLM general plugin: how an engine's two processes share CPU cores (shell).
 
-A vLLM engine on the CPU platform is two processes: the engine core, which schedules each
-step and turns its results into outputs, and a worker, which computes it. They pass every
-step through shared-memory queues, one after the other: the worker waits while the
-engine core schedules, the engine core waits while the worker computes. vLLM loads
-``vllm.general_plugins`` entry points in both (``load_general_plugins``), so this is
-where their waiting and their priority can be set without patching vLLM's sources.
-
-``PDSERVE_ENGINE_WAIT=sleep`` (``engine.step_wait``): a reader of those queues spins,
-calling ``sched_yield`` in a loop, for a second after each message. ``sched_yield`` does
-not lower a process's share of a busy core: measured here, a decode engine core took 54%
-of a core while one stream decoded, from the processes computing and serving. With this,
-each turn of the loop is a sleep of ``SLEEP_S`` instead: the waiting process leaves the
-core, and sees a message at most that much later (about 1% of a step here). vLLM's own
-idle mode (after the second of spinning) is unchanged.
-
-The same setting drops the engine core's own wait after a step that ran no model while
-requests remain (1 ms in vLLM 0.32, "to allow background transfer threads to make
-progress") when the scheduler holds a request whose KV has arrived. That is the step a
-decode engine runs for a disaggregated request alone on it: the step issues the KV pull,
-and a pull from a same-host engine (a copy, kv_transfer/shared_kv.py) has finished when
-the step does, so the request sat out the whole millisecond before the step that computes
-it. A zero sleep still yields the GIL. The wait is kept in every other case: shortened
-always, it let a prefill engine holding KV for its reader spin empty steps on cores the
-serving shares, and the disaggregated requests got slower (docs/benchmarks.md, "The
-decode engine's wait for its KV"). ``PDSERVE_EMPTY_STEP_SLEEP=vllm`` keeps vLLM's wait
-(a comparison's baseline, or a way out should a vLLM release change that loop).
-
-``PDSERVE_SCHEDULER_NICE=N`` (``engine.scheduler_nice``): the engine core runs at nice N,
-its worker at the nice the engine was started with. Every step waits for the engine core,
-and on a CPU node it shares its cores with the serving processes (router, proxy,
-replicas: ``ray.serving_cores``); at equal priority a step's hand-off queued behind their
-relaying work. The worker keeps its own priority: a prefill worker sharing a core with the
-serving processes must not starve them.
+vLLM loads it in the engine core and its worker (``vllm.general_plugins``); it reads the
+environment ``cluster.engine.args`` sets (names in ``cluster.engine.plugin_env``):
+``PDSERVE_ENGINE_WAIT=sleep`` (``engine.step_wait``) makes the queue readers between the
+two processes sleep ``SLEEP_S`` instead of spinning and drops the engine core's 1 ms sleep
+after an empty step once a request's KV has arrived (``PDSERVE_EMPTY_STEP_SLEEP=vllm``
+keeps it); ``PDSERVE_SCHEDULER_NICE=N`` (``engine.scheduler_nice``) runs the engine core at
+nice N. Why and what it measured: docs/design.md, "Engines compute on their own cores".
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
-from cluster.engine.host import _observe_speculation
 from cluster.engine.stats import EngineStats
+from cluster.engine.stats_logger import _observe_speculation
 from cluster.recorder import Counts
 from tests.fake_recorder import FakeRecorder
 
