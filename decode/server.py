@@ -19,6 +19,7 @@ from ray import serve
 from cluster.engine.messages import EngineRequest
 from cluster.engine.replica import EngineReplica
 from decode.pacing import hold_before_next
+from decode.params import decode_params
 from kv_transfer.handle import KVHandle
 
 
@@ -41,8 +42,9 @@ class DecodeServer(EngineReplica):
             await self._host.give_up_late_handle(
                 request.request_id, handle.to_params(), release=handle.lease_running_at(now))
             handle = None
-        params = handle.to_params() if handle is not None else None
-        async for output in self._host.generate(request, kv_transfer_params=params):
+        params = decode_params(request.sampling,
+                               handle.to_params() if handle is not None else None)
+        async for output in self._host.generate(request, params):
             output.prompt_token_ids = None
             output.prompt = None
             sent_at = time.monotonic()

@@ -9,6 +9,7 @@ prompt itself. Why: docs/design.md, "A handle is pulled only well inside its lea
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -17,6 +18,12 @@ from pydantic import BaseModel, ConfigDict, Field
 # the request to the engine (from then on it renews the lease) and the difference between
 # the clocks of the prefill and the decode host.
 CLAIM_SHARE_OF_LEASE = 2 / 3
+
+
+def engine_extra_args(kv_transfer_params: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """``SamplingParams.extra_args`` that hand ``kv_transfer_params`` to the engine's
+    connector (None when there are none)."""
+    return {"kv_transfer_params": dict(kv_transfer_params)} if kv_transfer_params else None
 
 
 def prefill_request_params() -> dict[str, Any]:

@@ -14,7 +14,8 @@ from ray import serve
 
 from cluster.engine.messages import EngineRequest, PrefillResult
 from cluster.engine.replica import EngineReplica
-from kv_transfer.handle import KVHandle, prefill_request_params
+from kv_transfer.handle import KVHandle
+from prefill.params import prefill_params
 
 
 @serve.deployment
@@ -24,11 +25,8 @@ class PrefillServer(EngineReplica):
     async def prefill(self, request: EngineRequest) -> PrefillResult:
         """Compute the prompt's KV and return where it waits for a decode engine."""
         final = None
-        async for output in self._host.generate(
-            request,
-            kv_transfer_params=prefill_request_params(),
-            prefill_only=True,  # the producer's own sampled token is discarded
-        ):
+        async for output in self._host.generate(request, prefill_params(),
+                                                samples_answer=False):
             final = output
         if final is None:  # the engine ended the stream without an output
             raise RuntimeError(f"prefill of {request.request_id} produced no output")

@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from typing import Any
 
 from cluster import metrics as m
@@ -112,11 +112,12 @@ class EngineHost:
                    stall_timeout_s=config.engine.stall_timeout_s)
 
     async def generate(
-        self, request: EngineRequest, *, kv_transfer_params: Mapping[str, Any] | None,
-        prefill_only: bool = False,
+        self, request: EngineRequest, params: Any, *, samples_answer: bool = True,
     ) -> AsyncIterator[Any]:
-        """Run ``request`` and yield vLLM ``RequestOutput``s: deltas of the request's own
-        sampling, or, with ``prefill_only``, the one final output of a prompt pass.
+        """Run ``request`` with ``params`` (vLLM ``SamplingParams``, which each pool builds:
+        prefill/params.py, decode/params.py) and yield its ``RequestOutput``s. Without
+        ``samples_answer`` (a prefill pass, whose token is discarded) structured outputs
+        are not told where reasoning ended.
 
         Cancelling the consumer (a client that went away) aborts the request in the engine:
         vLLM's ``generate`` aborts on ``CancelledError``/``GeneratorExit``. A consumer that
@@ -124,14 +125,12 @@ class EngineHost:
         """
         from vllm.inputs.engine import tokens_input
 
-        params = (prefill_params(kv_transfer_params) if prefill_only
-                  else decode_params(request.sampling, kv_transfer_params))
         # Already rendered, as vLLM's own server hands it over: AsyncLLM then queues it at
         # once. A raw TokensPrompt would first be rendered on a thread of AsyncLLM's pool,
         # a thread hop each way on every request (tools/experiments/engine_round_trip.py).
         prompt = tokens_input(list(request.prompt_token_ids))
         # Only the engine that samples the answer applies structured outputs after reasoning.
-        reasoning = {} if prefill_only else {
+        reasoning = {} if not samples_answer else {
             "reasoning_ended": request.reasoning_ended,
             "reasoning_parser_kwargs": request.reasoning_parser_kwargs,
         }
@@ -264,36 +263,6 @@ class EngineHost:
     def shutdown(self) -> None:
         self._stop.set()
         self._engine.shutdown()
-
-
-def prefill_params(kv_transfer_params: Mapping[str, Any] | None):
-    """A prompt pass for a remote decode engine: one discarded token, none of the request's
-    sampling (n, logprobs, grammars, penalties are the decode engine's business), and no
-    text for it (``detokenize=False``: AsyncLLM's output handler skips the detokenizer)."""
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
-
-    return SamplingParams(
-        max_tokens=1, n=1, output_kind=RequestOutputKind.FINAL_ONLY, detokenize=False,
-        extra_args=_kv_args(kv_transfer_params),
-    )
-
-
-def decode_params(sampling: Any, kv_transfer_params: Mapping[str, Any] | None):
-    """The request's own sampling, pulling the KV the handle names.
-
-    Its output kind stays what vLLM's OpenAI layer chose: deltas for a stream, one final
-    output for a unary request (one Ray item instead of one per token through the router).
-    """
-    params = sampling.clone()
-    kv_args = _kv_args(kv_transfer_params)
-    if kv_args:
-        params.extra_args = {**(params.extra_args or {}), **kv_args}
-    return params
-
-
-def _kv_args(kv_transfer_params: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    return {"kv_transfer_params": dict(kv_transfer_params)} if kv_transfer_params else None
 
 
 def _kill_engine_processes(engine: Any) -> list[int]:
