@@ -27,13 +27,13 @@ from tools.planner.day import (
     Sensed,
     Sensors,
     autoscaling_targets,
-    fit_standby,
     fitting_downscale_step,
     sense,
     simulate_day,
 )
 from tools.planner.output import config_document
 from tools.planner.search import search
+from tools.planner.standby_fit import fit_standby
 from tools.planner.workload import diurnal_concentration, diurnal_share
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,8 +9,9 @@ import math
 from dataclasses import asdict
 from typing import Any
 
-from tools.planner.day import DayResult, FittedStandby
+from tools.planner.day import DayResult
 from tools.planner.search import Plan
+from tools.planner.standby_fit import FittedStandby
 
 
 def figures(plan: Plan, peak_to_mean: float) -> dict[str, Any]:
@@ -73,7 +74,7 @@ def config_document(plan: Plan, base: dict[str, Any],
     """``base`` (a pdserve config document) with the planned pools: replicas, tensor
     parallelism, batch limits, the threshold, the SLOs, autoscaling bounds, each pool's
     per-replica autoscaling ``targets`` (``day.autoscaling_targets``) when given, and its
-    floors: the ``standby`` ones fitted to the day (``day.fit_standby``) where given,
+    floors: the ``standby`` ones fitted to the day (``standby_fit.fit_standby``) where given,
     else the base's standby windows holding the planned size and its night floor in
     proportion."""
     document = copy.deepcopy(base)

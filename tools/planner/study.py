@@ -18,13 +18,13 @@ from tools.planner.day import (
     POOLS,
     DaySpec,
     autoscaling_targets,
-    fit_standby,
     fitting_downscale_step,
     sense,
     simulate_day,
 )
 from tools.planner.inputs import inputs_from
 from tools.planner.search import search
+from tools.planner.standby_fit import fit_standby
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class ScalingInputs:
 
     def fitted_floors(self, plan, margin: float, shift_minutes: int,
                       slot_minutes: int = 30) -> dict:
-        """Each pool's standby floors fitted to the forecast day (``day.fit_standby``),
+        """Each pool's standby floors fitted to the forecast day (``standby_fit.fit_standby``),
         both in the zone the peak's time is read in."""
         zone = _peak_zone(self.parsed.autoscaling).key
         peak_minute = self.peak_at.hour * 60 + self.peak_at.minute
