@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from cluster.config import load_config
+from cluster.local_node import port_is_free
 from tests.integration.openai_http import ADMIN
 from tools import processes
 
@@ -55,11 +56,11 @@ def _cluster_processes() -> set[tuple[int, str]]:
 def pdserve() -> Iterator[str]:
     """Base URL of a running pdserve; asserts a clean shutdown afterwards."""
     host, port = CONFIG.router.host, CONFIG.router.port
-    assert processes.port_is_free(host, port), f"test port {port} already in use"
+    assert port_is_free(host, port), f"test port {port} already in use"
     os.environ[ENV_KEY_VARIABLE] = ENV_API_KEY  # the second source of keys (test_auth)
     with serving(CONFIG_PATH, CONFIG, LOG_DIR) as server:
         yield server.base_url
-    assert processes.port_is_free(CONFIG.router.host, CONFIG.router.port), "port still bound"
+    assert port_is_free(CONFIG.router.host, CONFIG.router.port), "port still bound"
 
 
 @contextlib.contextmanager
