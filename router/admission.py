@@ -70,10 +70,11 @@ class AdmissionPolicy:
 
 @dataclass(frozen=True)
 class Decision:
-    """What happens to a new request. A refusal means the queue is full; how that reads
-    over HTTP (429) is the shell's business."""
+    """What happens to a new request. A refusal means the queue is full; ``too_large``, that
+    the request costs more than the whole budget. How each reads over HTTP (429, 400) is
+    the shell's business."""
 
-    action: Literal["admit", "queue", "reject"]
+    action: Literal["admit", "queue", "reject", "too_large"]
     retry_after_s: int | None = None  # set when refused
 
 
@@ -87,6 +88,7 @@ class Expiry:
 
 ADMIT = Decision("admit")
 QUEUE = Decision("queue")
+TOO_LARGE = Decision("too_large")
 
 
 class AdmissionController:
@@ -117,9 +119,6 @@ class AdmissionController:
         }
 
     def _fits(self, cost: int, long: bool) -> bool:
-        # A request larger than the whole budget runs alone rather than never.
-        if not self._running:
-            return True
         if self.in_flight_tokens + cost > self.policy.token_budget:
             return False
         limit = self.policy.long_budget
@@ -130,6 +129,10 @@ class AdmissionController:
                 long: bool = False) -> Decision:
         """Admit, queue or refuse a new request. Nobody overtakes a waiter of its own key
         and lane; another key's waiters (a flood) do not hold it back when it fits."""
+        # More than the whole budget could only run alone, holding every other client off
+        # for as long as it runs: refused, never admitted.
+        if cost > self.policy.token_budget:
+            return TOO_LARGE
         queue = _queue_name(key, long)
         if queue not in self._queues and self._fits(cost, long):
             self._start(ticket, cost, long)

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from cluster.config import AdmissionConfig
 from router.admission import AdmissionController, AdmissionPolicy, Ticket
-from router.errors import APIError
+from router.errors import APIError, bad_request
 
 
 def overloaded(status: int, retry_after_s: int, message: str, code: str) -> APIError:
@@ -56,6 +56,12 @@ class AdmissionGate:
         decision = self._controller.request(ticket, cost, self._clock(), key, long)
         if decision.action == "admit":
             return ticket
+        if decision.action == "too_large":
+            raise bad_request(
+                f"the request needs {cost} tokens of KV cache (its prompt, plus max_tokens "
+                f"for each of its n answers), more than this server runs at once "
+                f"({self._policy.token_budget}): lower max_tokens or n", "max_tokens",
+                "invalid_value")
         if decision.action == "reject":
             raise overloaded(429, self._policy.retry_after_s,
                              "the server is at capacity and its queue is full; retry later",

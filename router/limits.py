@@ -5,7 +5,8 @@ an engine pay for a hostile body: its size (refused from ``Content-Length`` befo
 read, else while it streams in), strings no tokenizer can encode (a lone UTF-16 surrogate
 is valid JSON but not valid text), stop strings that are empty (the engine would refuse
 them only after admission, as a server error) or long enough to be matched at every
-decode step, and an oversized ``user`` field (kept as a queue and sticky-version key).
+decode step, an oversized ``user`` field (kept as a queue and sticky-version key), and
+more answers (``n``) than the server allows one request.
 """
 
 from __future__ import annotations
@@ -46,9 +47,11 @@ def check_received_size(received_bytes: int, limit_bytes: int) -> None:
         raise payload_too_large(limit_bytes)
 
 
-def check_body(data: Any, *, max_stop_chars: int, max_user_chars: int) -> None:
+def check_body(data: Any, *, max_stop_chars: int, max_user_chars: int,
+               max_n: int | None = None) -> None:
     """400, naming the field, for text no tokenizer can encode anywhere in ``data``, for
-    empty or overlong stop strings and for an overlong ``user``."""
+    empty or overlong stop strings, for an overlong ``user`` and for more than ``max_n``
+    answers."""
     for path, text in _strings(data, ""):
         if _has_lone_surrogate(text):
             raise bad_request(f"'{path}' contains a lone UTF-16 surrogate, which is not "
@@ -66,6 +69,9 @@ def check_body(data: Any, *, max_stop_chars: int, max_user_chars: int) -> None:
     if isinstance(user, str) and len(user) > max_user_chars:
         raise bad_request(f"'user' may be at most {max_user_chars} characters", "user",
                           "invalid_value")
+    n = data.get("n")
+    if max_n is not None and isinstance(n, int) and not isinstance(n, bool) and n > max_n:
+        raise bad_request(f"'n' may be at most {max_n} on this server", "n", "invalid_value")
 
 
 def _strings(value: Any, path: str) -> Iterator[tuple[str, str]]:

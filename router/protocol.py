@@ -2,8 +2,8 @@
 
 vLLM's own request models parse and validate the body (router/vllm_frontend.py); this
 module only refuses the few fields pdserve cannot honour (with a 400 naming the field,
-never accepted and ignored) and checks token ids against the vocabulary before a prompt is
-sent to the engines.
+never accepted and ignored) and the ``vllm_xargs`` keys the engines reserve, and checks
+token ids against the vocabulary before a prompt is sent to the engines.
 """
 
 from __future__ import annotations
@@ -26,6 +26,10 @@ NOT_HONOURED: dict[str, tuple[Any, ...]] = {
     # the engines schedule first come, first served; admission decides the order
     "priority": (None, 0),
 }
+# Keys of ``vllm_xargs`` (vLLM copies them into ``SamplingParams.extra_args``) that the
+# engines read as their own instructions: the KV connector takes its handshake from
+# ``kv_transfer_params`` there, so a client's value would reach the connector as one.
+RESERVED_XARGS = ("kv_transfer_params",)
 
 
 def refuse_not_honoured(data: Any) -> None:
@@ -37,6 +41,11 @@ def refuse_not_honoured(data: Any) -> None:
         if name in data and not any(_same(data[name], value) for value in neutral):
             raise bad_request(f"'{name}' is not supported by this server",
                               name, "unsupported_parameter")
+    xargs = data.get("vllm_xargs")
+    for key in RESERVED_XARGS if isinstance(xargs, dict) else ():
+        if key in xargs:
+            raise bad_request(f"'vllm_xargs.{key}' is reserved for the engines",
+                              f"vllm_xargs.{key}", "unsupported_parameter")
 
 
 def _same(value: Any, neutral: Any) -> bool:

@@ -448,7 +448,7 @@ class Router:
         limits = self._config.router.limits
         data = parse_json_body(await _read_body(request, limits.max_body_bytes))
         check_body(data, max_stop_chars=limits.max_stop_chars,
-                   max_user_chars=limits.max_user_chars)
+                   max_user_chars=limits.max_user_chars, max_n=limits.max_n)
         return data
 
     async def _tokenization(self, request: Request, which: str) -> JSONResponse:

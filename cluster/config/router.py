@@ -83,6 +83,11 @@ class RequestLimits(StrictModel):
     max_user_chars: int = Field(
         256, ge=1, description="longest `user` field (a queue and sticky-version key)"
     )
+    max_n: int = Field(
+        16, ge=1, le=16384, description="most answers (`n`) one request may ask for: each "
+        "is a sequence of its own in the decode engine (a slot of engine.max_num_seqs) and "
+        "costs its max_tokens of admission budget (vLLM's own bound is 16,384)",
+    )
 
 
 class RetryConfig(StrictModel):

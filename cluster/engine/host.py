@@ -123,6 +123,7 @@ class EngineHost:
         vLLM's ``generate`` aborts on ``CancelledError``/``GeneratorExit``. A consumer that
         died (its router replica killed) cannot cancel: the caller watch aborts it.
         """
+        from vllm.exceptions import VLLMClientError
         from vllm.inputs.engine import tokens_input
 
         # Already rendered, as vLLM's own server hands it over: AsyncLLM then queues it at
@@ -158,6 +159,10 @@ class EngineHost:
                         self.load.latency.observe(now, (now - last) / new_tokens)
                 last = now
                 yield output
+        except VLLMClientError:
+            if queued:  # refused by the engine's input processor: it never held the request
+                self._steps.refused()
+            raise
         finally:
             self._callers.untrack(request.request_id)
             if queued:

@@ -40,7 +40,9 @@ class EngineReplica:
         )
 
     async def stats(self) -> dict:
-        return self._host.stats.snapshot()
+        """The engine's statistics, and for how long it has held work without a step."""
+        return {**self._host.stats.snapshot(),
+                "engine_stalled_s": round(self._host.stalled_s(), 3)}
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """This replica's load for the pool's autoscaling policy (Serve polls it)."""

@@ -14,14 +14,27 @@ class StepWatch:
 
     def __init__(self) -> None:
         self._waiting_since: float | None = None  # work known and no step since
+        self._unstepped = 0      # requests handed over since the last step
+        self._held = False       # the last step left requests in the engine
 
     def submitted(self, now: float) -> None:
         """A request was handed to the engine at ``now``."""
+        self._unstepped += 1
         if self._waiting_since is None:
             self._waiting_since = now
 
+    def refused(self) -> None:
+        """A request handed over since the last step never entered the engine (its input
+        processor refused it): when it was the only work known, the engine has none, and
+        no step will come to say so."""
+        self._unstepped = max(0, self._unstepped - 1)
+        if self._unstepped == 0 and not self._held:
+            self._waiting_since = None
+
     def stepped(self, now: float, has_requests: bool) -> None:
         """The engine reported a step at ``now``, after which it holds ``has_requests``."""
+        self._unstepped = 0
+        self._held = has_requests
         self._waiting_since = now if has_requests else None
 
     def stalled_s(self, now: float) -> float:

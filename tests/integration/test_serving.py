@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from router.sse import sse_lines, sse_lines_async
-from tests.integration.conftest import CONFIG, MODEL, engine_stats, wait_until_idle
+from tests.integration.conftest import CONFIG, MODEL, engine_stats, wait_for, wait_until_idle
 from tests.integration.openai_http import API_KEY, AUTH, generate
 
 pytestmark = pytest.mark.integration
@@ -90,6 +90,20 @@ BAD_REQUESTS = [
     ("/v1/completions", {"model": MODEL, "prompt": [5, 1_000_000]}, 400, VLLM),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "use_beam_search": True}, 400,
      ("unsupported_parameter", "use_beam_search")),
+    # The KV connector's handshake is the engines' own: a client's never reaches one (it
+    # answered 500 from the decode replica before: a string where the connector wants a dict).
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 2,
+                         "vllm_xargs": {"kv_transfer_params": "x"}}, 400,
+     ("unsupported_parameter", "vllm_xargs.kv_transfer_params")),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                              "vllm_xargs": {"kv_transfer_params": {"do_remote_prefill": True}}},
+     400, ("unsupported_parameter", "vllm_xargs.kv_transfer_params")),
+    # A bounded n (router.limits.max_n), and a cost the whole admission budget could never
+    # run beside anything else (20,000 tokens in pdserve-test.yaml): refused, never admitted.
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 4096, "max_tokens": 2000}, 400,
+     ("invalid_value", "n")),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 8, "max_tokens": 3000}, 400,
+     ("invalid_value", "max_tokens")),
     ("/v1/chat/completions", {"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]},
      404, (404, "model")),
     ("/v1/embeddings", {"model": MODEL, "input": "x"}, 404, ("not_found", None)),
@@ -127,6 +141,24 @@ def test_bad_input_gets_an_openai_error_and_the_service_keeps_serving(
     assert error["message"] and error["type"] and "Traceback" not in response.text
     healthy = generate(pdserve, "completion", MODEL, "still there?", stream=False, max_tokens=4)
     assert healthy.status == 200 and healthy.usage["completion_tokens"] >= 1
+
+
+@pytest.mark.parametrize("prompt", ["short: decode-local", "long " * 60], ids=["local", "pd"])
+def test_a_request_the_engine_refuses_leaves_its_engines_unstalled(pdserve, prompt):
+    """A token id outside the vocabulary in ``logit_bias`` is refused by the decode
+    engine's input processor (vLLM's own 400). The engine never held the request, so its
+    stall clock must not run: it did, and the health check killed a healthy engine once
+    ``engine.stall_timeout_s`` passed."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "logit_bias": {"999999": 5}}
+    response = httpx.post(f"{pdserve}/v1/completions", json=body, headers=AUTH, timeout=60)
+    assert response.status_code == 400, response.text
+    assert "logit_bias" in response.json()["error"]["message"]
+    wait_for(lambda: all(pool["engine_stalled_s"] == 0
+                         for pool in engine_stats(pdserve).values()),
+             "both engines' stall readings back to 0", 10,
+             lambda: {pool: stats["engine_stalled_s"]
+                      for pool, stats in engine_stats(pdserve).items()})
+    wait_until_idle(pdserve)  # and a prefilled prompt's blocks were given back
 
 
 def test_an_undeclared_oversized_body_is_refused_while_it_arrives(pdserve):

@@ -78,11 +78,14 @@ def test_the_policy_comes_from_the_config():
     assert AdmissionPolicy.from_config(tiny).long_budget == 1   # never a lane of 0 tokens
 
 
-def test_an_oversized_request_runs_alone_instead_of_never():
+def test_a_request_over_the_whole_budget_is_refused_never_run_alone():
+    """Run alone, it would hold every other client off for as long as it ran."""
     gate = AdmissionController(POLICY)
-    assert gate.request(1, 500, now=0).action == "admit"
-    assert gate.request(2, 1, now=0).action == "queue"
-    assert gate.release(1) == [2]
+    assert gate.request(1, 101, now=0).action == "too_large"
+    assert gate.snapshot()["running"] == 0 and gate.queue_length == 0
+    assert gate.request(2, 100, now=0).action == "admit"        # the whole budget: fine
+    assert gate.request(3, 500, now=0).action == "too_large"    # never queued either
+    assert gate.queue_length == 0
 
 
 events = st.lists(
@@ -99,7 +102,8 @@ def test_budget_queue_bound_and_fifo_hold_for_any_sequence(steps):
     for ticket, (action, value) in enumerate(steps):
         if action == "request":
             decision = gate.request(ticket, value, now=0)
-            if decision.action != "reject":
+            assert (decision.action == "too_large") == (value > POLICY.token_budget)
+            if decision.action not in ("reject", "too_large"):
                 requested_order.append(ticket)
             if decision.action == "admit":
                 running.add(ticket)
@@ -124,7 +128,7 @@ def test_budget_queue_bound_and_fifo_hold_for_any_sequence(steps):
                 waiting.remove(t)
                 admitted_order.append(t)
         assert gate.queue_length <= POLICY.max_queue
-        assert gate.in_flight_tokens <= POLICY.token_budget or len(running) == 1
+        assert gate.in_flight_tokens <= POLICY.token_budget
         assert gate.in_flight_tokens >= 0
     # first come, first served: admission order is request order
     assert admitted_order == [t for t in requested_order if t in set(admitted_order)]
@@ -204,12 +208,13 @@ def test_fair_queues_keep_every_bound_and_fifo_within_a_key(steps):
     for ticket, (action, value, key) in enumerate(steps):
         if action == "request":
             decision = gate.request(ticket, value, now=0, key=key)
+            assert (decision.action == "too_large") == (value > FAIR.token_budget)
             if decision.action == "admit":
                 running.add(ticket)
                 admitted.setdefault(key, []).append(ticket)
             elif decision.action == "queue":
                 waiting[ticket] = key
-            if decision.action != "reject":
+            if decision.action not in ("reject", "too_large"):
                 order.setdefault(key, []).append(ticket)
             unblocked = []
         elif action == "release" and running:
@@ -230,7 +235,7 @@ def test_fair_queues_keep_every_bound_and_fifo_within_a_key(steps):
         assert gate.queue_length == len(waiting) <= FAIR.max_queue
         for k in "abc":
             assert sum(1 for w in waiting.values() if w == k) <= FAIR.key_queue_limit
-        assert gate.in_flight_tokens <= FAIR.token_budget or len(gate._running) == 1
+        assert gate.in_flight_tokens <= FAIR.token_budget
     for key, tickets in admitted.items():
         assert tickets == [t for t in order[key] if t in set(tickets)], "FIFO within a key"
 

@@ -9,7 +9,7 @@ import pytest
 from router.errors import APIError
 from router.limits import check_body, check_declared_size, check_received_size
 
-LIMITS = {"max_stop_chars": 8, "max_user_chars": 5}
+LIMITS = {"max_stop_chars": 8, "max_user_chars": 5, "max_n": 4}
 
 
 def refusal(data) -> APIError:
@@ -67,6 +67,14 @@ def test_stop_strings_within_bounds_or_left_to_vllm(stop):
 def test_an_overlong_user_is_refused():
     check_body({"user": "abcde"}, **LIMITS)
     assert refusal({"user": "abcdef"}).param == "user"
+
+
+def test_more_answers_than_max_n_are_refused():
+    error = refusal({"n": 4096, "max_tokens": 2000})
+    assert (error.status, error.param, error.code) == (400, "n", "invalid_value")
+    assert "at most 4" in error.message
+    for n in (1, 4, None, True, "many", 2.5):  # within bounds, or vLLM's to refuse
+        check_body({"n": n}, **LIMITS)
 
 
 def test_a_deep_body_is_walked_without_recursion():

@@ -56,6 +56,22 @@ def test_true_is_not_a_neutral_one_nor_false_a_zero():
     assert raised.value.param == "use_beam_search"
 
 
+@pytest.mark.parametrize("value", ["x", {"do_remote_prefill": True}, None])
+def test_a_vllm_xargs_key_the_engines_reserve_is_refused(value):
+    """vLLM copies ``vllm_xargs`` into the engine's ``extra_args``, where the KV connector
+    reads its handshake: a client's ``kv_transfer_params`` there would be taken as one."""
+    with pytest.raises(APIError) as raised:
+        refuse_not_honoured({"model": "m", "prompt": "hi",
+                             "vllm_xargs": {"kv_transfer_params": value, "mine": 1}})
+    assert raised.value.param == "vllm_xargs.kv_transfer_params"
+    assert raised.value.status == 400
+
+
+def test_other_vllm_xargs_pass():
+    refuse_not_honoured({"model": "m", "prompt": "hi", "vllm_xargs": {"mine": 1}})
+    refuse_not_honoured({"model": "m", "prompt": "hi", "vllm_xargs": "not an object"})
+
+
 def test_a_float_equal_to_a_neutral_number_is_neutral():
     refuse_not_honoured({"priority": 0.0})
 

@@ -32,6 +32,31 @@ def test_a_request_handed_to_an_engine_that_looked_idle_starts_the_clock():
     assert watch.stalled_s(now=131.0) == 0.5
 
 
+def test_a_request_the_engine_refused_leaves_no_stall_behind():
+    """A request refused by the engine's input processor (a 400) never enters the engine,
+    so no step follows it: it must not leave the clock running (it got a healthy engine
+    killed a minute later)."""
+    watch = StepWatch()
+    watch.stepped(now=5.0, has_requests=False)
+    watch.submitted(now=10.0)
+    watch.refused()
+    assert watch.stalled_s(now=1_000.0) == 0.0
+
+
+def test_a_refusal_keeps_the_clock_of_other_work():
+    watch = StepWatch()
+    watch.submitted(now=10.0)  # entered, but the engine has not stepped since
+    watch.submitted(now=11.0)
+    watch.refused()            # the second was refused: the first is still unstepped
+    assert watch.stalled_s(now=70.0) == 60.0
+    watch.stepped(now=70.0, has_requests=True)
+    watch.submitted(now=71.0)
+    watch.refused()            # the engine still holds the first by its last step
+    assert watch.stalled_s(now=100.0) == 30.0
+    watch.refused()            # more refusals than submissions change nothing more
+    assert watch.stalled_s(now=100.0) == 30.0
+
+
 def test_a_stall_is_declared_from_the_limit_on_and_never_without_one():
     assert not is_stalled(59.9, 60.0)
     assert is_stalled(60.0, 60.0)
