@@ -27,12 +27,15 @@ def key_digest(key: str) -> bytes:
 def configured_keys(auth: AuthConfig, environ: Mapping[str, str],
                     ) -> tuple[frozenset[bytes], frozenset[bytes]]:
     """Digests of the client keys (admin keys included; empty: authentication off) and of
-    the admin keys; ``AuthMisconfigured`` when a named key variable holds none."""
+    the admin keys; ``AuthMisconfigured`` when a named key variable holds none.
+
+    Any key configured turns authentication on (``AuthConfig``): admin keys alone leave
+    the API to admins rather than open to everyone."""
     clients = keys_from((key.get_secret_value() for key in auth.api_keys),
                         auth.api_keys_env, environ)
     admin = keys_from((key.get_secret_value() for key in auth.admin_keys),
                       auth.admin_keys_env, environ)
-    return (clients | admin if clients else clients), admin
+    return clients | admin, admin
 
 
 class AuthMisconfigured(ValueError):

@@ -86,12 +86,18 @@ def test_with_client_keys_and_no_admin_key_admin_is_closed():
     assert admin_access("Bearer sk-client", admin, clients) == 403
 
 
-def test_without_any_key_everything_is_open_and_admin_keys_alone_guard_admin():
+def test_without_any_key_everything_is_open_and_admin_keys_alone_close_the_api_too():
+    """Authentication is on when any key is configured: admin keys alone must not leave
+    /v1/* open to anyone (they did)."""
     from cluster.config import AuthConfig
     from router.auth import admin_access, configured_keys
 
-    assert admin_access(None, *reversed(configured_keys(AuthConfig(), {}))) is None
+    open_clients, open_admin = configured_keys(AuthConfig(), {})
+    assert admin_access(None, open_admin, open_clients) is None
+    assert is_authorized(None, open_clients)
     clients, admin = configured_keys(AuthConfig(admin_keys=["sk-admin"]), {})
-    assert clients == frozenset() and is_authorized(None, clients)  # the API stays open
+    assert not is_authorized(None, clients)                 # the API is closed
+    assert not is_authorized("Bearer sk-other", clients)
+    assert is_authorized("Bearer sk-admin", clients)        # but for the admin's key
     assert admin_access(None, admin, clients) == 401
     assert admin_access("Bearer sk-admin", admin, clients) is None
