@@ -164,8 +164,10 @@ class DisaggregatedFlow:
         current = request
         while True:
             attempts += 1
+            attempt_id = current.request_id
             stream = self._decode.generate.remote(current, handle)
             finished = False
+            given_up = None  # the handle to free once this attempt is cancelled
             try:
                 timeout = self._first_output_deadline(request, one_piece)
                 while not finished:
@@ -190,8 +192,12 @@ class DisaggregatedFlow:
                     constrained=getattr(request.sampling, "structured_outputs", None)
                     is not None)
                 self._note("decode", request, error, failure, action)
-                if handle is not None and not sent:  # nobody will pull them now: free them
-                    self._release(f"{current.request_id}-release", handle)
+                # Nobody will pull the blocks now: free them, unless the attempt only passed
+                # a deadline. Its replica may be slow rather than gone, and could still pull
+                # blocks the prefill engine had reused for another prompt; the lease frees
+                # them instead.
+                if handle is not None and not sent and failure != "deadline":
+                    given_up = handle
                 if action == "give_up":
                     raise
                 handle = None  # the retry or continuation prefills on its decode engine
@@ -203,8 +209,9 @@ class DisaggregatedFlow:
             finally:
                 if not finished:
                     stream.cancel()
-                    logger.info("request %s stopped before it finished; aborted",
-                                current.request_id)
+                    logger.info("request %s stopped before it finished; aborted", attempt_id)
+                if given_up is not None:  # after the cancel: the attempt's stream is over
+                    self._release(f"{attempt_id}-release", given_up)
 
     def _avoiding(self, stage: str, request: EngineRequest, failure: Failure) -> EngineRequest:
         """``request``, its next attempt kept off the replica where this one failed. Only

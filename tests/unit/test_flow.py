@@ -429,6 +429,17 @@ def test_a_decode_that_fails_before_its_first_token_runs_again_decode_local():
     assert [handle for _, handle in decode.release_handle.calls] == [KV]
 
 
+def test_a_decode_past_its_first_token_deadline_leaves_the_handle_to_its_lease():
+    """The replica may be slow, not gone: freed at once, the blocks could be reused by the
+    prefill engine for another prompt while it still pulls them."""
+    slow = FakeStream([], then="block")
+    decode = Replicas(slow, FakeStream(outputs(3)))
+    flow, noted = retrying(FakePrefill(PrefillResult(KV, 4)), decode, first_token_s=0.05)
+    assert asyncio.run(collect(flow, "disaggregated")) == outputs(3)
+    assert slow.cancelled and noted == [("decode", "deadline", "decode_local")]
+    assert decode.release_handle.calls == []
+
+
 def test_a_decode_that_fails_midstream_is_continued_with_the_tokens_already_sent():
     sent = outputs(3)
     dead = FakeStream(sent[:1], then="fail")          # token 0 reached the client
