@@ -34,6 +34,9 @@ POOL_CHECK_S = 0.25
 
 # Calls to give a KV handle up, while each meets a replica that died.
 RELEASE_ATTEMPTS = 3
+# How long /admin/stats waits for a pool's statistics (as /health waits for its pools): a
+# replica that takes a call and never answers must not hold an operator's request for good.
+POOL_STATS_S = 5.0
 
 
 class PoolEmpty(Exception):
@@ -283,11 +286,18 @@ class DisaggregatedFlow:
         await (self._prefill if role == "prefill" else self._decode_unary).stats.remote()
 
     async def pool_stats(self) -> dict[str, dict]:
-        """Statistics of one replica of each pool (the one Serve routes the call to)."""
-        return {
-            "prefill": await self._prefill.stats.remote(),
-            "decode": await self._decode_unary.stats.remote(),
-        }
+        """Statistics of one replica of each pool (the one Serve routes the call to); 503
+        for a pool none of whose replicas answers within ``POOL_STATS_S``."""
+        stats = {}
+        for pool, handle in (("prefill", self._prefill), ("decode", self._decode_unary)):
+            call = handle.stats.remote()
+            try:
+                stats[pool] = await _within(call, POOL_STATS_S)
+            except TimeoutError:
+                call.cancel()
+                raise service_unavailable(
+                    f"the {pool} pool did not answer within {POOL_STATS_S:g} s") from None
+        return stats
 
 
 # Ways an engine ends a request on its own: it could not compute it (a failed KV load

@@ -20,6 +20,7 @@ import pytest
 from cluster.config import Deadlines
 from cluster.engine.messages import EngineRequest, PrefillResult
 from kv_transfer.handle import KVHandle
+from router import flow as flow_module
 from router.errors import APIError
 from router.flow import DisaggregatedFlow, prepend
 from router.retry import RetryPolicy
@@ -308,6 +309,19 @@ def test_pool_stats_asks_one_replica_of_each_pool_through_unary_calls():
     stats = asyncio.run(flow.pool_stats())
     assert stats == {"prefill": {"pool": "prefill"}, "decode": {"pool": "decode"}}
     assert prefill.stats.calls == [()] and decode.stats.calls == [()]
+
+
+def test_pool_stats_answers_503_naming_a_pool_that_does_not_answer(monkeypatch):
+    """A replica that takes the call and never answers must not hold /admin/stats for
+    good (it did, after an engine's death)."""
+    monkeypatch.setattr(flow_module, "POOL_STATS_S", 0.05)
+    flow, _, decode = flow_with(FakeStream([]))
+    silent = FakePrefill(PrefillResult(KV, 4), block=True)
+    decode.stats = Method(lambda: Response(silent._prefill(REQUEST), silent))
+    with pytest.raises(APIError) as caught:
+        asyncio.run(flow.pool_stats())
+    assert caught.value.status == 503 and "decode pool" in caught.value.message
+    assert silent.cancel_sent  # the unanswered call is cancelled in the replica
 
 
 def test_prepend_puts_a_taken_head_back_in_front_of_the_stream():
