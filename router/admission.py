@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # only the type: the policy reads a config, it does not impor
     from cluster.config import AdmissionConfig
 
 Ticket = int
+KEY_TENANT = "key:"  # a client key's prefix: the request carried an API key
 
 
 def client_key(authorization: str | None, user: str | None) -> str:
@@ -32,7 +33,7 @@ def client_key(authorization: str | None, user: str | None) -> str:
     """
     token = bearer_token(authorization)
     if token is not None:
-        return "key:" + short_digest(token)
+        return KEY_TENANT + short_digest(token)
     if user:
         return "user:" + user
     return "anonymous"

@@ -17,6 +17,7 @@ from contextlib import aclosing
 from typing import Any
 
 from cluster.engine.messages import EngineRequest
+from router.admission import KEY_TENANT
 from router.decode_prefixes import DecodeCacheLink
 from router.disaggregation import PathChoice, Route, choose_path_with_cache
 from router.errors import APIError
@@ -46,6 +47,14 @@ def kv_cost(token_ids: Sequence[int], sampling_params: Any) -> int:
     return len(token_ids) + sampling_params.max_tokens * sampling_params.n
 
 
+def prefix_cache_salt(tenant: str, shared: bool) -> str | None:
+    """The engines' prefix-cache salt for a request of ``tenant`` (``admission.client_key``):
+    its hashed API key, unless caches are shared. A request without a key (authentication
+    off) shares the cache: a ``user`` field is the client's to choose, so salting by it
+    would isolate nobody."""
+    return tenant if tenant.startswith(KEY_TENANT) and not shared else None
+
+
 class PDEngineClient:
     """The part of vLLM's ``EngineClient`` its chat, completion and tokenization serving
     classes use (they read these attributes and call ``generate``)."""
@@ -53,9 +62,12 @@ class PDEngineClient:
     def __init__(self, vllm_config: Any, renderer: Any, flow: DisaggregatedFlow, *,
                  disaggregation_threshold: int, stream_chunk_interval_s: float = 0.0,
                  cache: ResponseCache | None = None,
-                 decode_cache: DecodeCacheLink | None = None):
+                 decode_cache: DecodeCacheLink | None = None,
+                 shared_prefix_cache: bool = False):
         """``decode_cache``: the decode pool's prefix belief, when the path counts only the
-        tokens the decode engine lacks (``router.routing.decode.cache_aware_path``)."""
+        tokens the decode engine lacks (``router.routing.decode.cache_aware_path``);
+        ``shared_prefix_cache``: requests of different keys may hit each other's cached
+        prompts (else each key's are salted with it: ``prefix_cache_salt``)."""
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
         self.renderer = renderer
@@ -69,6 +81,7 @@ class PDEngineClient:
         self._requests: dict[str, RequestLifecycle] = {}
         self.cache = cache
         self._decode_cache = decode_cache
+        self._shared_prefix_cache = shared_prefix_cache
 
     def register(self, key: str, lifecycle: RequestLifecycle) -> None:
         """A request vLLM's layer is about to run (a stream: until it ends)."""
@@ -114,7 +127,9 @@ class PDEngineClient:
         request = EngineRequest(request_id, token_ids, sampling_params,
                                 reasoning_ended, reasoning_parser_kwargs,
                                 chunk_interval_s=self._chunk_interval(sampling_params),
-                                decode_replica=path.decode_replica)
+                                decode_replica=path.decode_replica,
+                                cache_salt=prefix_cache_salt(lifecycle.tenant,
+                                                             self._shared_prefix_cache))
         key = self._cache_key(lifecycle, request)
         async with lifecycle.turn:
             if key is None:

@@ -21,7 +21,8 @@ NOT_HONOURED: dict[str, tuple[Any, ...]] = {
     "use_beam_search": (None, False),
     # the engines' own KV-transfer instructions: the router sets them, never a client
     "kv_transfer_params": (None,),
-    # a prefix-cache salt reaches vLLM with the prompt, which pdserve sends as token ids
+    # the prefix-cache salt is pdserve's: each API key's prompts are salted with the key
+    # (router/engine_client.py prefix_cache_salt), which a client's own would undo
     "cache_salt": (None,),
     # the engines schedule first come, first served; admission decides the order
     "priority": (None, 0),

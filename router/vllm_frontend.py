@@ -68,6 +68,7 @@ def build_version(config: PDServeConfig, version: str, flow: DisaggregatedFlow,
         cache=cache,
         decode_cache=flow.decode_cache if config.router.routing.decode.cache_aware_path
         else None,
+        shared_prefix_cache=config.router.auth.shared_prefix_cache,
     )
     frontends = {
         name: _frontend(client, name, str(checkpoint.path), checkpoint.tool_parser,

@@ -67,6 +67,12 @@ class AuthConfig(StrictModel):
         None, description="env var with further comma-separated admin keys; named, it must "
         "hold one"
     )
+    shared_prefix_cache: bool = Field(
+        False, description="let requests of different API keys share the engines' prefix "
+        "caches; by default each key's cached prompts are its own (vLLM's cache_salt), since "
+        "a hit shows in usage.prompt_tokens_details.cached_tokens and would tell one tenant "
+        "what another sent, a block at a time"
+    )
 
 
 class RequestLimits(StrictModel):

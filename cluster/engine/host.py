@@ -129,7 +129,7 @@ class EngineHost:
         # Already rendered, as vLLM's own server hands it over: AsyncLLM then queues it at
         # once. A raw TokensPrompt would first be rendered on a thread of AsyncLLM's pool,
         # a thread hop each way on every request (tools/experiments/engine_round_trip.py).
-        prompt = tokens_input(list(request.prompt_token_ids))
+        prompt = tokens_input(list(request.prompt_token_ids), cache_salt=request.cache_salt)
         # Only the engine that samples the answer applies structured outputs after reasoning.
         reasoning = {} if not samples_answer else {
             "reasoning_ended": request.reasoning_ended,

@@ -41,6 +41,10 @@ class EngineRequest:
     # deadline passed: a hung engine reports the load it had when it stopped): the pool's
     # router ranks them after every other live replica (router/flow.py).
     avoid_replicas: tuple[str, ...] = ()
+    # vLLM's prefix-cache salt: the tenant whose blocks these are (its hashed API key), so
+    # that no other tenant's prompt hits them and learns from ``cached_tokens`` what this
+    # one sent. None: the cache is shared (router.auth.shared_prefix_cache, or no key).
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True)

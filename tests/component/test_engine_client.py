@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from router.engine_client import PDEngineClient
+from router.engine_client import PDEngineClient, prefix_cache_salt
 from router.errors import APIError
 from router.lifecycle import RequestLifecycle
 from tests.fake_observer import RecordingObserver
@@ -365,3 +365,13 @@ def test_the_prompts_of_a_batch_take_turns_through_the_pools():
     assert sorted(indices) == [0, 0, 0, 1, 1, 1]
     assert order == ["start 0", "end 0", "start 1", "end 1"]
     assert len(setup.gate.released) == 2
+
+
+@pytest.mark.parametrize(("tenant", "shared", "salt"), [
+    ("key:0123abcd", False, "key:0123abcd"),   # each key's cached prompts are its own
+    ("key:0123abcd", True, None),              # unless the config shares them
+    ("user:alice", False, None),               # no key: a user field isolates nobody
+    ("anonymous", False, None),
+])
+def test_the_prefix_cache_is_salted_with_the_requests_key(tenant, shared, salt):
+    assert prefix_cache_salt(tenant, shared) == salt

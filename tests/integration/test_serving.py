@@ -161,6 +161,25 @@ def test_a_request_the_engine_refuses_leaves_its_engines_unstalled(pdserve, prom
     wait_until_idle(pdserve)  # and a prefilled prompt's blocks were given back
 
 
+@pytest.mark.parametrize("words", [6, 40], ids=["local", "pd"])
+def test_one_keys_cached_prompt_is_never_another_keys(pdserve, words):
+    """Each API key's prompts are cached for it alone (vLLM's cache_salt): a hit on
+    another key's blocks would tell, in ``cached_tokens``, what that key sent."""
+    prompt = " ".join(f"tenant{index}x{words}" for index in range(words))
+
+    def cached_tokens(key: str) -> int:
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+        response = httpx.post(f"{pdserve}/v1/completions", json=body, timeout=60,
+                              headers={"Authorization": f"Bearer {key}"})
+        assert response.status_code == 200, response.text
+        return response.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    cached_tokens("key-a")
+    assert cached_tokens("key-a") > 0     # the key's own prompt is in the cache
+    assert cached_tokens("key-b") == 0    # and no other key reads it there
+    assert cached_tokens("key-b") > 0     # while its own copy is there for it
+
+
 def test_an_undeclared_oversized_body_is_refused_while_it_arrives(pdserve):
     def chunks():  # no Content-Length: the router counts what arrives
         yield b'{"model": "tiny-llama", "prompt": "'
