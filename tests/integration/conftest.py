@@ -34,6 +34,9 @@ STARTUP_TIMEOUT_S = 420
 LOG_DIR = REPO / ".cache" / "test-logs"
 
 # Processes a pdserve cluster consists of; none may outlive `pdserve up`.
+# How often the waits below look again: each look is a cheap read (/proc, /admin/stats), and
+# every test that waits for a state pays on average half of it after the state is reached.
+POLL_S = 0.2
 CLUSTER_PROCESS_MARKERS = ("raylet", "gcs_server", "ray::", "EngineCore", "ServeReplica",
                            "ServeController", "ProxyActor", "haproxy")
 
@@ -97,7 +100,7 @@ def _wait_for_exit(before: set[tuple[int, str]], timeout_s: float = 30) -> set:
         leftover = {(pid, title) for pid, title in _cluster_processes() if pid not in old_pids}
         if not leftover or time.monotonic() > deadline:
             return leftover
-        time.sleep(1)
+        time.sleep(POLL_S)
 
 
 @pytest.fixture(scope="session")
@@ -140,7 +143,7 @@ def wait_until_idle(base_url: str, timeout_s: float = 60,
             return stats
         if time.monotonic() > deadline:
             pytest.fail(f"engines still busy or holding KV after {timeout_s}s: {stats}")
-        time.sleep(0.5)
+        time.sleep(POLL_S)
 
 
 def wait_for(condition, what: str, timeout_s: float, detail=None) -> None:
@@ -151,7 +154,7 @@ def wait_for(condition, what: str, timeout_s: float, detail=None) -> None:
         if time.monotonic() > deadline:
             said = f": {detail()}" if detail is not None else ""
             pytest.fail(f"{what} not within {timeout_s}s{said}")
-        time.sleep(0.5)
+        time.sleep(POLL_S)
 
 
 def is_replica(process, deployment: str) -> bool:
