@@ -1,4 +1,5 @@
-"""A vLLM general plugin: how an engine's two processes share CPU cores (shell).
+"""A vLLM general plugin: how an engine's two processes share CPU cores (shell), and a
+seeded request's exact sampling on a CPU engine.
 
 vLLM loads it in the engine core and its worker (``vllm.general_plugins``); it reads the
 environment ``cluster.engine.args`` sets (names in ``cluster.engine.plugin_env``):
@@ -7,6 +8,8 @@ two processes sleep ``SLEEP_S`` instead of spinning and drops the engine core's 
 after an empty step once a request's KV has arrived (``PDSERVE_EMPTY_STEP_SLEEP=vllm``
 keeps it); ``PDSERVE_SCHEDULER_NICE=N`` (``engine.scheduler_nice``) runs the engine core at
 nice N. Why and what it measured: docs/design.md, "Engines compute on their own cores".
+On a CPU engine it also makes a discarded sample (a prefill chunk's) leave the request's
+seeded generator as it was (``cluster.engine.seeded_cpu``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import multiprocessing
 import os
 
 from cluster.engine.plugin_env import EMPTY_STEP_SLEEP_ENV, NICE_ENV, WAIT_ENV
+from cluster.engine.seeded_cpu import keep_discarded_samples_unseen
 
 _BASE_NICE_ENV = "PDSERVE_BASE_NICE"  # the engine's nice before its core raised it
 SLEEP_S = 100e-6
@@ -34,6 +38,7 @@ def register() -> None:
             _skip_empty_step_sleep_once_kv_arrived()
     if os.environ.get(NICE_ENV) is not None:
         _set_priority(multiprocessing.current_process().name)
+    keep_discarded_samples_unseen()
 
 
 def _sleep_while_waiting() -> None:

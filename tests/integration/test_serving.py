@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import httpx
 import openai
+import psutil
 import pytest
 
 from router.sse import sse_lines, sse_lines_async
-from tests.integration.conftest import CONFIG, MODEL, engine_stats, wait_for, wait_until_idle
+from tests.integration.conftest import (
+    CONFIG,
+    MODEL,
+    engine_stats,
+    is_replica,
+    wait_for,
+    wait_until_idle,
+)
+from tests.integration.engine_processes import is_spawned_as
 from tests.integration.openai_http import API_KEY, AUTH, generate
 
 pytestmark = pytest.mark.integration
@@ -255,3 +265,68 @@ def test_health_and_models(pdserve):
     wrong_method = httpx.get(f"{pdserve}/v1/completions")
     assert wrong_method.status_code == 405
     assert wrong_method.json()["error"]["code"] == "method_not_allowed"
+
+
+# ---- seeded sampling over a chunked prefill (cluster/engine/seeded_cpu.py) ----------------
+
+# Tokens the decode engine computes in one step: the pool's cap, else vLLM 0.32's default
+# for an AsyncLLM (SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS).
+DECODE_STEP_TOKENS = (CONFIG.pool(CONFIG.model.version, "decode").max_num_batched_tokens
+                      or CONFIG.engine.max_num_batched_tokens or 2048)
+
+
+def chunked_prompt(tag: str) -> str:
+    """Some 2,500 tokens (one a byte) of distinct words: the decode engine prefills it in
+    chunks, each of which samples a token it throws away."""
+    prompt = " ".join(f"{tag}{i}" for i in range(2_500 // (len(tag) + 4)))
+    assert DECODE_STEP_TOKENS < len(prompt.encode()) < 2 * DECODE_STEP_TOKENS + 500
+    return prompt
+
+
+def decode_engine_cores() -> set[int]:
+    """The EngineCore processes of the primary version's decode replicas."""
+    cores = set()
+    for process in psutil.process_iter(["name"]):
+        if is_replica(process, f"decode-{CONFIG.model.version}"):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                cores.update(child.pid for child in process.children()
+                             if is_spawned_as(child, "VLLM::EngineCore"))
+    return cores
+
+
+def test_a_seeded_poison_prompt_prefilled_in_chunks_answers_and_its_engine_lives(pdserve):
+    """vLLM 0.32 rewinds a seeded generator after a prefill chunk's discarded sample by an
+    offset a CPU generator does not have: the decode engine died on this request (n > 1:
+    the decode engine prefills the prompt itself)."""
+    cores = decode_engine_cores()
+    assert cores, "no decode EngineCore found"
+    body = {"model": MODEL, "prompt": chunked_prompt("poison"), "temperature": 1.0,
+            "seed": 5, "n": 2, "max_tokens": 8, "ignore_eos": True}
+    answers = []
+    for _ in range(2):  # the second prompt comes partly from the decode engine's cache
+        response = httpx.post(f"{pdserve}/v1/completions", json=body, headers=AUTH,
+                              timeout=300)
+        assert response.status_code == 200, response.text
+        answers.append([choice["text"] for choice in response.json()["choices"]])
+    assert answers[0] == answers[1] and len(answers[0]) == 2
+    assert decode_engine_cores() == cores, "the decode engine was replaced"
+    assert all(psutil.pid_exists(pid) for pid in cores)
+
+
+def test_a_seeded_answer_is_the_same_decode_local_and_disaggregated(pdserve):
+    """Disaggregated (the prefill engine computes the prompt) and decode-local (prompt
+    logprobs: the decode engine prefills it itself, in chunks, never reading its cache):
+    the decode engine's first kept sample starts from the seed either way. In this order,
+    since a prompt the decode engine holds may be kept local."""
+    prompt = chunked_prompt("seeded")
+    answers = {}
+    for path, extra in (("pd", {}), ("local", {"prompt_logprobs": 0})):
+        before = wait_until_idle(pdserve)["prefill"]["requests_finished"]
+        answer = generate(pdserve, "completion", MODEL, prompt, stream=False, max_tokens=8,
+                          temperature=1.0, seed=5, ignore_eos=True, **extra)
+        assert answer.status == 200, answer.error
+        prefilled = wait_until_idle(pdserve)["prefill"]["requests_finished"] - before
+        assert prefilled == (path == "pd"), f"{path}: the prefill pool ran {prefilled}"
+        answers[path] = answer.token_ids
+    assert len(answers["local"]) == 8
+    assert answers["local"] == answers["pd"]
