@@ -17,22 +17,22 @@ run: setup
 	$(VENV)/bin/pdserve up --config $(CONFIG)
 
 # The unit and component tests start no cluster: they run on TEST_WORKERS processes
-# (pytest-xdist), each test file on one of them, beside the bench commands' servers (their
-# tests assert counts, never timings, and wait minutes on server starts). The shared
-# cluster's integration tests, the quantized cluster, the bench commands, the fault suite
-# and the multi-node imitation each run a Ray cluster of their own: one after another,
-# never beside each other. Their tests live in tests/integration (tests/conftest.py refuses
-# them elsewhere), and only it is collected for them: the whole tree takes ~15 s more to
+# (pytest-xdist), each test file on one of them. The shared cluster's integration tests,
+# then the quantized cluster, the bench commands' servers, the fault suite and the
+# multi-node imitation each run a Ray cluster of their own: one after another, never
+# beside. Their tests live in tests/integration (tests/conftest.py refuses them
+# elsewhere), and only it is collected for them: the whole tree takes ~15 s more to
 # collect, each time. scripts/test_phases.sh times each phase and prints the times at the
-# end (also when one fails); " ||| " joins the parts of a phase that run side by side.
+# end (also when one fails).
 PYTEST := $(VENV)/bin/python -m pytest -ra $(DURATIONS)
 test:
 	@bash scripts/test_phases.sh \
 	    "setup=bash scripts/bootstrap.sh" \
 	    "lint=$(VENV)/bin/ruff check ." \
+	    "unit+component=$(PYTEST) $(PARALLEL) tests/unit tests/component $(PYTEST_ARGS)" \
 	    "integration=$(PYTEST) -m 'not multinode and not faults and not levers and not bench' tests/integration $(PYTEST_ARGS)" \
 	    "levers=$(PYTEST) -m levers tests/integration $(PYTEST_ARGS)" \
-	    "bench, unit+component beside=$(PYTEST) -m bench tests/integration $(PYTEST_ARGS) ||| $(PYTEST) $(PARALLEL) tests/unit tests/component $(PYTEST_ARGS)" \
+	    "bench=$(PYTEST) -m bench tests/integration $(PYTEST_ARGS)" \
 	    "faults=$(PYTEST) -m faults tests/integration $(PYTEST_ARGS)" \
 	    "multinode=$(PYTEST) -m multinode tests/integration $(PYTEST_ARGS)"
 
