@@ -25,8 +25,7 @@ class PrefillServer(EngineReplica):
     async def prefill(self, request: EngineRequest) -> PrefillResult:
         """Compute the prompt's KV and return where it waits for a decode engine."""
         final = None
-        async for output in self._host.generate(request, prefill_params(),
-                                                samples_answer=False):
+        async for output in self._host.generate(request, prefill_params()):
             final = output
         if final is None:  # the engine ended the stream without an output
             raise RuntimeError(f"prefill of {request.request_id} produced no output")

@@ -112,12 +112,12 @@ class EngineHost:
                    stall_timeout_s=config.engine.stall_timeout_s)
 
     async def generate(
-        self, request: EngineRequest, params: Any, *, samples_answer: bool = True,
+        self, request: EngineRequest, params: Any,
     ) -> AsyncIterator[Any]:
         """Run ``request`` with ``params`` (vLLM ``SamplingParams``, which each pool builds:
-        prefill/params.py, decode/params.py) and yield its ``RequestOutput``s. Without
-        ``samples_answer`` (a prefill pass, whose token is discarded) structured outputs
-        are not told where reasoning ended.
+        prefill/params.py, decode/params.py) and yield its ``RequestOutput``s. A prefill
+        pass's token is discarded: only a decode engine's structured outputs are told where
+        reasoning ended.
 
         Cancelling the consumer (a client that went away) aborts the request in the engine:
         vLLM's ``generate`` aborts on ``CancelledError``/``GeneratorExit``. A consumer that
@@ -131,7 +131,7 @@ class EngineHost:
         # a thread hop each way on every request (tools/experiments/engine_round_trip.py).
         prompt = tokens_input(list(request.prompt_token_ids), cache_salt=request.cache_salt)
         # Only the engine that samples the answer applies structured outputs after reasoning.
-        reasoning = {} if not samples_answer else {
+        reasoning = {} if self.stats.role == "prefill" else {
             "reasoning_ended": request.reasoning_ended,
             "reasoning_parser_kwargs": request.reasoning_parser_kwargs,
         }
