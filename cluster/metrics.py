@@ -151,9 +151,11 @@ RESPONSE_CACHE_ERRORS = MetricSpec(
     "pdserve_response_cache_store_errors_total", "counter",
     "Shared-store (Redis) calls that failed; each was answered as a miss", ("operation",))
 RETRIES = MetricSpec("pdserve_retries_total", "counter",
-                     "Stages that failed, why (died, unavailable, deadline, refused, internal) "
-                     "and what the router did next (retry_prefill, decode_local, migrate, "
-                     "give_up)", ("version", "stage", "reason", "action"))
+                     "Stages that failed, why (died, unavailable, deadline, refused, internal, "
+                     "crashed, crashed_shared) and what the router did next (retry_prefill, "
+                     "decode_local, migrate, give_up, quarantine: a request whose engine "
+                     "died of it, answered 500 and never retried)",
+                     ("version", "stage", "reason", "action"))
 
 # --- canary rollouts (recorded by the rollout controller) -------------------------------
 CANARY_PERCENT = MetricSpec("pdserve_canary_percent", "gauge",

@@ -89,3 +89,15 @@ def unauthorized(has_key: bool) -> APIError:
 def admin_key_required() -> APIError:
     return APIError(403, "This key may not use the admin endpoints; they take an admin key.",
                     "permission_error", None, "admin_key_required")
+
+
+def quarantined(request_id: str) -> APIError:
+    """A request an engine died of, as far as pdserve can tell (router/retry.py,
+    ``quarantines``): it is not sent to another engine, which it might kill too."""
+    return APIError(
+        500, f"Request {request_id} was not retried: a model engine failed while running "
+        "it, and it could fail the next one too. Report it with this id; changing the "
+        "request (its length, its sampling parameters) may avoid the failure.",
+        "internal_error", None, "internal_error",
+    )
+

@@ -10,6 +10,7 @@ import logging
 
 from fastapi.responses import JSONResponse
 
+from cluster.engine.messages import EngineCrashed
 from router.errors import APIError, internal_error, service_unavailable
 from router.retry import Failure
 
@@ -44,6 +45,8 @@ def failure_kind(error: BaseException) -> Failure:
     from vllm.v1.engine.exceptions import EngineDeadError
 
     error = _raised(error)
+    if isinstance(error, EngineCrashed):  # its engine died of its own error (no signal)
+        return "crashed" if error.requests_in_engine <= 1 else "crashed_shared"
     if isinstance(error, ray_exceptions.ActorDiedError):
         return "died"
     if isinstance(error, serve_exceptions.BackPressureError
@@ -64,7 +67,8 @@ def client_error(error: BaseException, request_id: str) -> APIError:
     if kind == "deadline":
         logger.warning("request %s: an engine passed its deadline", request_id)
         return service_unavailable("the model's engines did not answer in time; retry")
-    if kind in ("died", "unavailable"):  # a dead engine too: Serve replaces its replica
+    # A dead engine too: Serve replaces its replica.
+    if kind in ("died", "unavailable", "crashed_shared"):
         logger.warning("request %s: engine unavailable: %r", request_id, error)
         return service_unavailable("the model's engines are unavailable; retry shortly")
     logger.error("request %s failed: %r", request_id, error, exc_info=error)

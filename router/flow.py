@@ -20,8 +20,8 @@ from cluster.config import Deadlines
 from cluster.engine.messages import EngineRequest, PrefillResult
 from router.decode_prefixes import DecodeCacheLink
 from router.disaggregation import Route
-from router.errors import service_unavailable
-from router.retry import Action, Failure, PoolBreaker, RetryPolicy
+from router.errors import quarantined, service_unavailable
+from router.retry import CRASHES, Action, Failure, PoolBreaker, RetryPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +41,19 @@ POOL_STATS_S = 5.0
 
 class PoolEmpty(Exception):
     """The pool has no replica left: a call to it would wait for a replacement."""
+
+
+@dataclasses.dataclass
+class _Crashes:
+    """Engine crashes one request was in, over all its stages (router/retry.py)."""
+
+    count: int = 0
+
+    def seen(self, failure: Failure) -> int:
+        """Count ``failure`` if it was a crash; the count before it."""
+        before = self.count
+        self.count += failure in CRASHES
+        return before
 
 
 class DisaggregatedFlow:
@@ -102,6 +115,7 @@ class DisaggregatedFlow:
         """
         start = self._clock()
         handle = None
+        crashes = _Crashes()
         if self._caller is not None and request.caller is None:
             request = dataclasses.replace(request, caller=self._caller)
         if path == "disaggregated" and not self._prefill_breaker.allows(start):
@@ -109,12 +123,14 @@ class DisaggregatedFlow:
                         "engine prefills it", request.request_id)
             path = "decode_local"
         if path == "disaggregated":
-            handle = await self._prefill_with_retries(request, start)
+            handle = await self._prefill_with_retries(request, start, crashes)
             on_prefilled()
-        async for output in self._decode_with_retries(request, handle, start, one_piece):
+        async for output in self._decode_with_retries(request, handle, start, one_piece,
+                                                       crashes):
             yield output
 
-    async def _prefill_with_retries(self, request: EngineRequest, start: float):
+    async def _prefill_with_retries(self, request: EngineRequest, start: float,
+                                    crashes: _Crashes):
         """The prefill's KV handle; None when the decode engine is to prefill instead."""
         attempts = 0
         while True:
@@ -127,8 +143,11 @@ class DisaggregatedFlow:
                 empty = isinstance(error, PoolEmpty)
                 failure = "unavailable" if empty else self._classify(error)
                 action = self._retry.after_prefill_failure(
-                    failure, attempts, self._clock() - start, pool_empty=empty)
+                    failure, attempts, self._clock() - start, pool_empty=empty,
+                    crashes_before=crashes.seen(failure))
                 self._note("prefill", request, error, failure, action)
+                if action == "quarantine":
+                    raise quarantined(request.request_id) from error
                 if action == "give_up":
                     raise
                 request = self._avoiding("prefill", request, failure)
@@ -161,7 +180,7 @@ class DisaggregatedFlow:
                 response.cancel()
 
     async def _decode_with_retries(self, request: EngineRequest, handle, start: float,
-                                   one_piece: bool) -> AsyncIterator[Any]:
+                                   one_piece: bool, crashes: _Crashes) -> AsyncIterator[Any]:
         sent: list[int] = []  # token ids already passed on (of the one choice, when n = 1)
         attempts = migrations = 0
         current = request
@@ -193,7 +212,7 @@ class DisaggregatedFlow:
                     migrations=migrations, elapsed_s=self._clock() - start,
                     choices=request.sampling.n,
                     constrained=getattr(request.sampling, "structured_outputs", None)
-                    is not None)
+                    is not None, crashes_before=crashes.seen(failure))
                 self._note("decode", request, error, failure, action)
                 # Nobody will pull the blocks now: free them, unless the attempt only passed
                 # a deadline. Its replica may be slow rather than gone, and could still pull
@@ -201,6 +220,8 @@ class DisaggregatedFlow:
                 # them instead.
                 if handle is not None and not sent and failure != "deadline":
                     given_up = handle
+                if action == "quarantine":
+                    raise quarantined(request.request_id) from error
                 if action == "give_up":
                     raise
                 handle = None  # the retry or continuation prefills on its decode engine
@@ -222,7 +243,7 @@ class DisaggregatedFlow:
         reports the load it had when it stopped; unavailable: it may be restarting); one
         that died leaves Serve's list at once."""
         replica = (self._routed_to(stage, request.request_id)
-                   if failure in ("deadline", "unavailable") else None)
+                   if failure in ("deadline", "unavailable", "crashed_shared") else None)
         if replica is None or replica in request.avoid_replicas:
             return request
         return dataclasses.replace(request,
@@ -276,9 +297,15 @@ class DisaggregatedFlow:
 
     def _note(self, stage: str, request: EngineRequest, error: BaseException,
               failure: Failure, action: Action) -> None:
-        log = logger.error if action == "give_up" else logger.warning
-        log("request %s: %s failed (%s: %r); %s", request.request_id, stage, failure,
-            error, action)
+        if action == "quarantine":  # what it asked for, to find the cause; never its text
+            logger.error("request %s quarantined: its %s engine died of an error of its "
+                         "own (%s: %r); not retried. %d prompt tokens, sampling: %r",
+                         request.request_id, stage, failure, error,
+                         len(request.prompt_token_ids), request.sampling)
+        else:
+            log = logger.error if action == "give_up" else logger.warning
+            log("request %s: %s failed (%s: %r); %s", request.request_id, stage, failure,
+                error, action)
         self._on_retry(stage, failure, action, request.request_id)
 
     async def pool_answers(self, role: str) -> None:

@@ -17,12 +17,26 @@ from cluster.config import RetryConfig
 # Why a stage failed, as the shell classifies it. "died": the replica's actor is gone
 # (Serve's router drops it at once and never sends it another call); "unavailable": any
 # other fault of the cluster that may pass (an engine dead inside a live replica, a replica
-# that did not answer, no capacity).
-Failure = Literal["died", "unavailable", "deadline", "refused", "internal"]
-# What the shell does next.
-Action = Literal["retry_prefill", "decode_local", "migrate", "give_up"]
+# that did not answer, no capacity). "crashed": the engine died of an error of its own
+# (not a signal: cluster/engine/death.py) with this request alone in it;
+# "crashed_shared": so, with other requests in it too.
+Failure = Literal["died", "unavailable", "deadline", "refused", "internal", "crashed",
+                  "crashed_shared"]
+# What the shell does next. "quarantine": give up, as a request that may kill engines.
+Action = Literal["retry_prefill", "decode_local", "migrate", "give_up", "quarantine"]
 
-RETRYABLE: frozenset[str] = frozenset({"died", "unavailable", "deadline"})
+RETRYABLE: frozenset[str] = frozenset({"died", "unavailable", "deadline", "crashed_shared"})
+CRASHES: frozenset[str] = frozenset({"crashed", "crashed_shared"})
+
+
+def quarantines(failure: Failure, crashes_before: int) -> bool:
+    """Whether a request whose stage failed with ``failure``, after ``crashes_before``
+    engine crashes with it in them (CRASHES), is kept off every other engine: its engine
+    died of its own error with nothing else in it, or a second time with it among others.
+    Retried, a request that makes engines fail would take the pool down one replica at a
+    time. Among others, the first time, it is retried with them (the crash may be any
+    one's doing; counted, a second crash is its own)."""
+    return failure == "crashed" or (failure == "crashed_shared" and crashes_before > 0)
 
 
 @dataclass(frozen=True)
@@ -49,9 +63,13 @@ class RetryPolicy:
             self.request_s is not None and elapsed_s >= self.request_s)
 
     def after_prefill_failure(self, failure: Failure, attempts: int,
-                              elapsed_s: float, pool_empty: bool = False) -> Action:
+                              elapsed_s: float, pool_empty: bool = False,
+                              crashes_before: int = 0) -> Action:
         """After the ``attempts``-th prefill attempt failed with ``failure``;
-        ``pool_empty``: the pool has no replica left (a retry would wait for one)."""
+        ``pool_empty``: the pool has no replica left (a retry would wait for one);
+        ``crashes_before``: engine crashes the request was in before this failure."""
+        if quarantines(failure, crashes_before):
+            return "quarantine"  # nor is it sent to a decode engine to prefill
         if failure not in RETRYABLE or self._out_of_time(elapsed_s):
             return "give_up"
         if attempts < self.prefill_attempts and not pool_empty:
@@ -60,10 +78,13 @@ class RetryPolicy:
 
     def after_decode_failure(self, failure: Failure, *, tokens_sent: int, attempts: int,
                              migrations: int, elapsed_s: float, choices: int,
-                             constrained: bool) -> Action:
+                             constrained: bool, crashes_before: int = 0) -> Action:
         """After a decode run failed; ``attempts`` decode runs started so far, of which
         ``migrations`` were continuations; ``tokens_sent`` already reached the client;
-        ``constrained``: the request samples under a grammar (structured outputs)."""
+        ``constrained``: the request samples under a grammar (structured outputs);
+        ``crashes_before``: engine crashes the request was in before this failure."""
+        if quarantines(failure, crashes_before):
+            return "quarantine"
         if failure not in RETRYABLE or self._out_of_time(elapsed_s):
             return "give_up"
         # A replica that died is never tried again, so retries after deaths are bounded

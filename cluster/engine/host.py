@@ -22,8 +22,9 @@ from cluster.config import PDServeConfig
 from cluster.engine.args import engine_env, engine_kwargs
 from cluster.engine.callers import CallerWatch
 from cluster.engine.cpu_check import check_engine
+from cluster.engine.death import death_cause
 from cluster.engine.load_report import LoadReporter
-from cluster.engine.messages import EngineRequest
+from cluster.engine.messages import EngineCrashed, EngineRequest
 from cluster.engine.stall import StepWatch, is_stalled
 from cluster.engine.stats import EngineStats
 from cluster.engine.stats_logger import publish_gauges, stats_logger_factory, vllm_metrics_logger
@@ -33,6 +34,9 @@ from kv_transfer.connector import Role, connector_config, engine_id_for
 logger = logging.getLogger(__name__)
 
 STALL_RECHECK_S = 1.0  # a stall seen by the health check is confirmed this much later
+# How long a dead engine's processes are given to exit before its death is classified: one
+# that died of its own error exits just after telling its client (cluster/engine/death.py).
+DEATH_EXIT_WAIT_S = 2.0
 
 
 class EngineHost:
@@ -47,6 +51,9 @@ class EngineHost:
         self._steps = steps or StepWatch()
         self._stall_timeout_s = stall_timeout_s
         self._hung_killed = False
+        self._in_flight = 0  # requests handed to the engine and not ended
+        # Once the engine died: how many requests it held, and whether of its own error.
+        self._death: tuple[int, asyncio.Future[bool]] | None = None
         self.load = LoadReporter(stats.role)
         self._stop = threading.Event()
         self._callers = CallerWatch(lambda request_id: self._engine.abort(request_id))
@@ -125,6 +132,7 @@ class EngineHost:
         """
         from vllm.exceptions import VLLMClientError
         from vllm.inputs.engine import tokens_input
+        from vllm.v1.engine.exceptions import EngineDeadError
 
         # Already rendered, as vLLM's own server hands it over: AsyncLLM then queues it at
         # once. A raw TokensPrompt would first be rendered on a thread of AsyncLLM's pool,
@@ -143,6 +151,7 @@ class EngineHost:
         last = called = time.monotonic()
         self._steps.submitted(called)
         self._callers.track(request.request_id, request.caller)
+        self._in_flight += 1
         try:
             async for output in self._engine.generate(prompt, params, request.request_id,
                                                       **reasoning):
@@ -163,10 +172,39 @@ class EngineHost:
             if queued:  # refused by the engine's input processor: it never held the request
                 self._steps.refused()
             raise
+        except EngineDeadError as error:
+            held = await self._crashed_holding()
+            if held is None:
+                raise
+            raise EngineCrashed(request.request_id, held) from error
         finally:
+            self._in_flight -= 1
             self._callers.untrack(request.request_id)
             if queued:
                 self.stats.queued_prefill_tokens -= prompt_tokens
+
+    async def _crashed_holding(self) -> int | None:
+        """The engine is dead: how many requests it held if it died of an error of its
+        own, None if a signal killed it (cluster/engine/death.py). Decided once, when the
+        first of its requests sees the death (the count is taken then, before any of them
+        has left)."""
+        if self._death is None:
+            self._death = (self._in_flight,
+                           asyncio.ensure_future(self._died_of_own_error()))
+        held, crashed = self._death
+        return held if await asyncio.shield(crashed) else None
+
+    async def _died_of_own_error(self) -> bool:
+        processes = _engine_processes(self._engine)
+        deadline = time.monotonic() + DEATH_EXIT_WAIT_S
+        while (any(process.exitcode is None for process in processes)
+               and time.monotonic() < deadline):
+            await asyncio.sleep(0.05)
+        cause = death_cause([process.exitcode for process in processes], self._hung_killed)
+        if cause == "crashed":
+            logger.error("%s engine %s died of an error of its own with %d request(s) in "
+                         "it", self.stats.role, self.stats.engine_id, self._death[0])
+        return cause == "crashed"
 
     def _observe_hops(self, metrics: Any, called: float, received: float) -> None:
         """A request's way from this replica to its engine core and its first output's way
@@ -276,10 +314,8 @@ def _kill_engine_processes(engine: Any) -> list[int]:
     finds the core gone and fails the engine's requests (``EngineDeadError``)."""
     import psutil
 
-    manager = getattr(getattr(engine, "engine_core", None), "resources", None)
-    processes = getattr(getattr(manager, "engine_manager", None), "processes", None) or []
     killed = []
-    for process in processes:
+    for process in _engine_processes(engine):
         try:
             core = psutil.Process(process.pid)
             tree = [*core.children(recursive=True), core]
@@ -290,3 +326,11 @@ def _kill_engine_processes(engine: Any) -> list[int]:
                 member.kill()
                 killed.append(member.pid)
     return killed
+
+
+def _engine_processes(engine: Any) -> list[Any]:
+    """The engine's EngineCore processes (``multiprocessing`` processes, with ``pid`` and
+    ``exitcode``); none for an engine without (a test's stand-in)."""
+    manager = getattr(getattr(engine, "engine_core", None), "resources", None)
+    return list(getattr(getattr(manager, "engine_manager", None), "processes", None) or [])
+

@@ -54,3 +54,20 @@ class PrefillResult:
     handle: KVHandle | None
     prompt_tokens: int
     cached_prompt_tokens: int = 0
+
+
+class EngineCrashed(RuntimeError):
+    """The engine died of an error of its own (cluster/engine/death.py: not a signal) while
+    ``request_id`` was in it, with ``requests_in_engine`` requests in all, this one
+    included. Alone, the request is the likely cause: the router does not retry it
+    (router/retry.py, quarantine)."""
+
+    def __init__(self, request_id: str, requests_in_engine: int):
+        super().__init__(request_id, requests_in_engine)  # args: how it crosses Ray
+        self.request_id = request_id
+        self.requests_in_engine = requests_in_engine
+
+    def __str__(self) -> str:
+        return (f"the engine died of an error with request {self.request_id} in it "
+                f"({self.requests_in_engine} request(s) in all)")
+

@@ -9,7 +9,8 @@ after an empty step once a request's KV has arrived (``PDSERVE_EMPTY_STEP_SLEEP=
 keeps it); ``PDSERVE_SCHEDULER_NICE=N`` (``engine.scheduler_nice``) runs the engine core at
 nice N. Why and what it measured: docs/design.md, "Engines compute on their own cores".
 On a CPU engine it also makes a discarded sample (a prefill chunk's) leave the request's
-seeded generator as it was (``cluster.engine.seeded_cpu``).
+seeded generator as it was (``cluster.engine.seeded_cpu``; ``PDSERVE_SEEDED_CPU=vllm``
+keeps vLLM's own behaviour, a request that fails the engine, for the fault suite).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import logging
 import multiprocessing
 import os
 
-from cluster.engine.plugin_env import EMPTY_STEP_SLEEP_ENV, NICE_ENV, WAIT_ENV
+from cluster.engine.plugin_env import EMPTY_STEP_SLEEP_ENV, NICE_ENV, SEEDED_CPU_ENV, WAIT_ENV
 from cluster.engine.seeded_cpu import keep_discarded_samples_unseen
 
 _BASE_NICE_ENV = "PDSERVE_BASE_NICE"  # the engine's nice before its core raised it
@@ -38,7 +39,8 @@ def register() -> None:
             _skip_empty_step_sleep_once_kv_arrived()
     if os.environ.get(NICE_ENV) is not None:
         _set_priority(multiprocessing.current_process().name)
-    keep_discarded_samples_unseen()
+    if os.environ.get(SEEDED_CPU_ENV) != "vllm":
+        keep_discarded_samples_unseen()
 
 
 def _sleep_while_waiting() -> None:

@@ -51,3 +51,17 @@ def test_anything_else_is_a_500_without_internals():
     status, body, _ = answer(wrapped(RuntimeError("secret path /srv/x")))
     assert (status, body["code"]) == (500, "internal_error")
     assert "secret" not in body["message"] and "cmpl-1" in body["message"]
+
+
+def test_an_engine_that_died_of_its_own_error_is_told_alone_from_among_others():
+    """As it crosses Ray (pickled inside the replica's RayTaskError)."""
+    import pickle
+
+    from cluster.engine.messages import EngineCrashed
+
+    alone = pickle.loads(pickle.dumps(wrapped(EngineCrashed("cmpl-1", 1))))
+    shared = pickle.loads(pickle.dumps(wrapped(EngineCrashed("cmpl-1", 3))))
+    assert failure_kind(alone) == "crashed"
+    assert failure_kind(shared) == "crashed_shared"
+    status, body, headers = answer(shared)  # if it reaches a client: retryable
+    assert (status, body["code"]) == (503, "service_unavailable") and headers["retry-after"]

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from cluster.config import Deadlines
-from cluster.engine.messages import EngineRequest, PrefillResult
+from cluster.engine.messages import EngineCrashed, EngineRequest, PrefillResult
 from kv_transfer.handle import KVHandle
 from router import flow as flow_module
 from router.errors import APIError
@@ -658,3 +658,62 @@ def test_when_the_whole_requests_deadline_passes_nothing_is_retried():
     assert asyncio.run(run()) == [output(0)]  # no gap deadline: the request's own ended it
     assert hung.cancelled and noted == [("deadline", "give_up")]
     assert len(decode.generate.calls) == 1
+
+
+class CrashingStream(FakeStream):
+    """A stream whose engine dies of its own error after ``items``, with
+    ``requests_in_engine`` requests in it."""
+
+    def __init__(self, items: list[Output], requests_in_engine: int):
+        super().__init__(items)
+        self.requests_in_engine = requests_in_engine
+
+    async def __anext__(self) -> Output:
+        if self.items:
+            return self.items.pop(0)
+        raise EngineCrashed("attempt", self.requests_in_engine)
+
+
+def crash_aware(prefill, decode):
+    """A retrying flow whose classifier tells crashes apart as router.failures does."""
+    flow, noted = retrying(prefill, decode)
+    flow._classify = lambda error: (
+        ("crashed" if error.requests_in_engine <= 1 else "crashed_shared")
+        if isinstance(error, EngineCrashed) else "unavailable")
+    return flow, noted
+
+
+def test_a_request_alone_in_a_crashed_engine_is_answered_500_and_sent_nowhere_else():
+    crashed = CrashingStream(outputs(3)[:1], requests_in_engine=1)
+    decode = Replicas(crashed, FakeStream(outputs(3)))
+    flow, noted = crash_aware(FakePrefill(PrefillResult(KV, 4)), decode)
+    with pytest.raises(APIError) as refused:
+        asyncio.run(collect(flow, "decode_local"))
+    assert refused.value.status == 500 and refused.value.type == "internal_error"
+    assert REQUEST.request_id in refused.value.message
+    assert len(decode.generate.calls) == 1 and crashed.cancelled
+    assert noted == [("decode", "crashed", "quarantine")]
+
+
+def test_a_crash_among_others_is_retried_and_a_second_one_quarantines():
+    first = CrashingStream(outputs(3)[:1], requests_in_engine=3)
+    second = CrashingStream([], requests_in_engine=2)
+    decode = Replicas(first, second, FakeStream(outputs(3)))
+    flow, noted = crash_aware(FakePrefill(PrefillResult(KV, 4)), decode)
+    with pytest.raises(APIError) as refused:
+        asyncio.run(collect(flow, "decode_local"))
+    assert refused.value.status == 500 and len(decode.generate.calls) == 2
+    assert noted == [("decode", "crashed_shared", "migrate"),
+                     ("decode", "crashed_shared", "quarantine")]
+
+
+def test_a_prompt_that_crashed_its_prefill_engine_alone_is_not_given_to_a_decode_engine():
+    class CrashingPrefill(FakePrefill):
+        async def _prefill(self, request):
+            raise EngineCrashed(request.request_id, 1)
+
+    decode = FakeDecode(FakeStream(outputs(1)))
+    flow, noted = crash_aware(CrashingPrefill(PrefillResult(KV, 4)), decode)
+    with pytest.raises(APIError):
+        asyncio.run(collect(flow, "disaggregated"))
+    assert decode.generate.calls == [] and noted == [("prefill", "crashed", "quarantine")]

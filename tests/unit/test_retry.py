@@ -98,3 +98,29 @@ def test_nothing_starts_once_the_whole_requests_deadline_passed():
     assert policy.after_decode_failure("died", tokens_sent=3, attempts=1, migrations=0,
                                        elapsed_s=10, choices=1, constrained=False) == "give_up"
     assert policy.after_prefill_failure("died", attempts=1, elapsed_s=9) == "retry_prefill"
+
+
+def test_a_request_alone_in_an_engine_that_crashed_is_quarantined_at_any_stage():
+    assert POLICY.after_prefill_failure("crashed", attempts=1, elapsed_s=1) == "quarantine"
+    assert decode("crashed") == "quarantine"
+    assert decode("crashed", tokens_sent=5) == "quarantine"
+
+
+def test_a_crash_among_other_requests_is_retried_once_then_quarantined():
+    assert POLICY.after_prefill_failure("crashed_shared", attempts=1,
+                                        elapsed_s=1) == "retry_prefill"
+    assert decode("crashed_shared") == "decode_local"
+    assert decode("crashed_shared", tokens_sent=5) == "migrate"
+    # a second crash with the request in it, at whichever stage the first was
+    assert POLICY.after_prefill_failure("crashed_shared", attempts=2, elapsed_s=1,
+                                        crashes_before=1) == "quarantine"
+    assert POLICY.after_decode_failure(
+        "crashed_shared", tokens_sent=5, attempts=2, migrations=1, elapsed_s=1, choices=1,
+        constrained=False, crashes_before=1) == "quarantine"
+
+
+def test_deaths_the_request_did_not_cause_are_retried_after_a_crash_too():
+    for failure in ("died", "unavailable", "deadline"):
+        assert POLICY.after_decode_failure(
+            failure, tokens_sent=5, attempts=2, migrations=1, elapsed_s=1, choices=1,
+            constrained=False, crashes_before=1) == "migrate"

@@ -1,0 +1,113 @@
+"""How a replica tells the router its engine died (cluster/engine/host.py,
+``generate``): killed by a signal, the requests in it fail over as before (vLLM's
+``EngineDeadError``); ended of an error of its own, each request learns it was in a crash
+and with how many others (``EngineCrashed``), so that the router does not carry a request
+that fails engines from replica to replica (router/retry.py, quarantine). The engine
+process here is a real process (killed, or ended with an error's exit status) under a
+stand-in for vLLM's ``AsyncLLM`` whose requests fail as vLLM fails them once its core is
+gone."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import signal
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from vllm.v1.engine.exceptions import EngineDeadError
+
+from cluster.engine.host import EngineHost
+from cluster.engine.messages import EngineCrashed, EngineRequest
+from cluster.engine.stats import EngineStats
+
+# Forked: the stand-ins run no library code, and a spawned child would import vLLM again.
+CONTEXT = multiprocessing.get_context("fork")
+
+
+def _engine_core(ready) -> None:
+    ready.send("up")
+    signal.pause()  # until killed
+
+
+def _crash_with_an_error() -> None:
+    sys.exit(1)  # what an uncaught exception in vLLM's engine core process ends with
+
+
+class DyingEngine:
+    """``AsyncLLM`` as its requests see it: each waits until the core is gone, then fails
+    with ``EngineDeadError``."""
+
+    def __init__(self, core) -> None:
+        self.engine_core = SimpleNamespace(resources=SimpleNamespace(
+            engine_manager=SimpleNamespace(processes=[core])))
+        self.started = 0
+        self._core = core
+
+    async def generate(self, prompt, params, request_id, **kwargs):
+        self.started += 1
+        while self._core.exitcode is None:
+            await asyncio.sleep(0.01)
+        raise EngineDeadError()
+        yield  # an async generator, as vLLM's
+
+
+def request(request_id: str) -> EngineRequest:
+    return EngineRequest(request_id, (1, 2, 3), SimpleNamespace(max_tokens=4, n=1))
+
+
+async def _requests_in(host: EngineHost, engine: DyingEngine, count: int,
+                       kill) -> list[BaseException]:
+    async def run(request_id: str) -> BaseException:
+        try:
+            async for _ in host.generate(request(request_id), params=None):
+                pass
+        except Exception as error:  # what the replica would raise to the router
+            return error
+        raise AssertionError("the request ended without an error")
+
+    tasks = [asyncio.ensure_future(run(f"r{i}")) for i in range(count)]
+    while engine.started < count:
+        await asyncio.sleep(0.01)
+    kill()
+    return await asyncio.wait_for(asyncio.gather(*tasks), 30)
+
+
+def dying_engine(target, *args) -> tuple[DyingEngine, EngineHost]:
+    core = CONTEXT.Process(target=target, args=args)
+    core.start()
+    engine = DyingEngine(core)
+    return engine, EngineHost(engine, EngineStats(role="decode", engine_id="e0"))
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_an_engine_killed_by_a_signal_fails_its_requests_over_as_before(count):
+    parent, child = CONTEXT.Pipe()
+    engine, host = dying_engine(_engine_core, child)
+    assert parent.poll(60), "the engine core stand-in never started"
+    errors = asyncio.run(_requests_in(host, engine, count,
+                                      lambda: os.kill(engine._core.pid, signal.SIGKILL)))
+    assert all(type(error) is EngineDeadError for error in errors), errors
+    assert engine._core.exitcode == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_an_engine_that_died_of_its_own_error_tells_each_request_how_many_were_in_it(count):
+    ready = CONTEXT.Event()
+    engine, host = dying_engine(_wait_then_crash, ready)
+    errors = asyncio.run(_requests_in(host, engine, count, ready.set))
+    assert all(isinstance(error, EngineCrashed) for error in errors), errors
+    assert sorted(error.request_id for error in errors) == [f"r{i}" for i in range(count)]
+    assert {error.requests_in_engine for error in errors} == {count}
+    assert engine._core.exitcode == 1
+    assert host._in_flight == 0
+
+
+def _wait_then_crash(ready) -> None:
+    ready.wait(60)
+    _crash_with_an_error()
