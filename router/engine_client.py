@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -20,7 +20,6 @@ from cluster.engine.messages import EngineRequest
 from router.admission import KEY_TENANT
 from router.decode_prefixes import DecodeCacheLink
 from router.disaggregation import PathChoice, Route, choose_path_with_cache
-from router.errors import APIError
 from router.flow import DisaggregatedFlow, continuation
 from router.lifecycle import RequestLifecycle
 from router.protocol import check_token_ids
@@ -63,8 +62,11 @@ class PDEngineClient:
                  disaggregation_threshold: int, stream_chunk_interval_s: float = 0.0,
                  cache: ResponseCache | None = None,
                  decode_cache: DecodeCacheLink | None = None,
-                 shared_prefix_cache: bool = False):
-        """``decode_cache``: the decode pool's prefix belief, when the path counts only the
+                 shared_prefix_cache: bool = False,
+                 validate: Callable[[Any], None] = lambda sampling_params: None):
+        """``validate(sampling_params)`` raises what an engine's input processor would
+        raise of them (router/vllm_frontend.py), before any engine sees the request;
+        ``decode_cache``: the decode pool's prefix belief, when the path counts only the
         tokens the decode engine lacks (``router.routing.decode.cache_aware_path``);
         ``shared_prefix_cache``: requests of different keys may hit each other's cached
         prompts (else each key's are salted with it: ``prefix_cache_salt``)."""
@@ -82,6 +84,7 @@ class PDEngineClient:
         self.cache = cache
         self._decode_cache = decode_cache
         self._shared_prefix_cache = shared_prefix_cache
+        self._validate = validate
 
     def register(self, key: str, lifecycle: RequestLifecycle) -> None:
         """A request vLLM's layer is about to run (a stream: until it ends)."""
@@ -116,7 +119,9 @@ class PDEngineClient:
         token_ids = tuple(prompt["prompt_token_ids"])
         try:
             check_token_ids(token_ids, self._vocab_size)
-        except APIError as error:  # a stream would carry it as a 500 event: the router answers
+            self._validate(sampling_params)
+        except Exception as error:  # refused (APIError, vLLM's VLLMValidationError,
+            # ValueError): a stream would carry it as a 500 event, so the router answers
             lifecycle.record_failure(error)
             raise
         cost = kv_cost(token_ids, sampling_params)

@@ -15,6 +15,7 @@ tests/component/test_vllm_frontend.py checks the surface pdserve uses.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +63,7 @@ def build_version(config: PDServeConfig, version: str, flow: DisaggregatedFlow,
     cache = None if cache_store is None else ResponseCache(
         cache_store, version, version_fingerprint(version, checkpoint.path))
     client = PDEngineClient(
-        vllm_config, renderer, flow,
+        vllm_config, renderer, flow, validate=_engine_validator(vllm_config, renderer),
         disaggregation_threshold=config.router.disaggregation_threshold_tokens,
         stream_chunk_interval_s=config.router.stream_chunk_interval_ms / 1000,
         cache=cache,
@@ -82,6 +83,17 @@ def build_version(config: PDServeConfig, version: str, flow: DisaggregatedFlow,
         frontend.chat.default_sampling_params.setdefault(
             "max_tokens", config.router.default_max_tokens)
     return VersionFrontends(client, frontends)
+
+
+def _engine_validator(vllm_config: Any, renderer: Any) -> Callable[[Any], None]:
+    """The checks an engine's input processor makes of a request's ``SamplingParams``
+    (token ids in ``logit_bias`` and ``allowed_token_ids``, ``logprobs`` over the maximum,
+    a grammar its backend cannot compile, ...): vLLM's own, raising vLLM's own errors, run
+    in the router so that a request they refuse never reaches an engine."""
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    processor = InputProcessor(vllm_config, renderer)
+    return lambda params: processor._validate_params(params, ("generate",))
 
 
 def _frontend(client: PDEngineClient, served_name: str, model_path: str,

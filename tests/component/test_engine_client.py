@@ -24,6 +24,7 @@ from tests.fake_time import eventually, settled
 
 _outputs = pytest.importorskip("vllm.outputs")
 _sampling = pytest.importorskip("vllm.sampling_params")
+_exceptions = pytest.importorskip("vllm.exceptions")
 CompletionOutput, RequestOutput = _outputs.CompletionOutput, _outputs.RequestOutput
 RequestOutputKind, SamplingParams = _sampling.RequestOutputKind, _sampling.SamplingParams
 
@@ -93,7 +94,7 @@ class Setup:
     """A client with one registered request, as the router leaves it for vLLM's layer."""
 
     def __init__(self, flow: FakeFlow | None = None, gate: FakeGate | None = None,
-                 chunk_interval_s: float = 0.0):
+                 chunk_interval_s: float = 0.0, validate=lambda sampling_params: None):
         self.flow = flow or FakeFlow()
         self.gate = gate or FakeGate()
         self.observer = RecordingObserver()
@@ -101,7 +102,8 @@ class Setup:
         model_config = SimpleNamespace(get_vocab_size=lambda: VOCAB)
         self.client = PDEngineClient(SimpleNamespace(model_config=model_config), None,
                                      self.flow, disaggregation_threshold=THRESHOLD,
-                                     stream_chunk_interval_s=chunk_interval_s)
+                                     stream_chunk_interval_s=chunk_interval_s,
+                                     validate=validate)
         self.client.register(KEY, self.lifecycle)
 
     def generate(self, prompt: list[int], params: SamplingParams, request_id: str = CHAT_ID):
@@ -213,6 +215,20 @@ def test_token_ids_outside_the_vocabulary_are_a_400_before_admission(prompt):
     with pytest.raises(APIError) as raised:
         setup.collect(prompt, params())
     assert (raised.value.status, raised.value.param) == (400, "prompt")
+    assert setup.gate.acquired == [] and setup.flow.calls == []
+
+
+def test_what_an_engines_input_processor_refuses_is_refused_before_admission():
+    refusal = _exceptions.VLLMValidationError("logit_bias out of vocabulary",
+                                             parameter="logit_bias")
+
+    def validate(sampling_params):
+        raise refusal
+
+    setup = Setup(validate=validate)
+    with pytest.raises(_exceptions.VLLMValidationError) as raised:
+        setup.collect(SHORT, params())
+    assert raised.value is refusal and setup.lifecycle.failure is refusal
     assert setup.gate.acquired == [] and setup.flow.calls == []
 
 

@@ -155,10 +155,10 @@ def test_bad_input_gets_an_openai_error_and_the_service_keeps_serving(
 
 @pytest.mark.parametrize("prompt", ["short: decode-local", "long " * 60], ids=["local", "pd"])
 def test_a_request_the_engine_refuses_leaves_its_engines_unstalled(pdserve, prompt):
-    """A token id outside the vocabulary in ``logit_bias`` is refused by the decode
-    engine's input processor (vLLM's own 400). The engine never held the request, so its
-    stall clock must not run: it did, and the health check killed a healthy engine once
-    ``engine.stall_timeout_s`` passed."""
+    """A token id outside the vocabulary in ``logit_bias`` is refused with vLLM's own 400,
+    by the router running the engines' input checks (router/vllm_frontend.py). Refused
+    once by the decode engine itself, the request had left its stall clock running, and
+    the health check killed a healthy engine once ``engine.stall_timeout_s`` passed."""
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "logit_bias": {"999999": 5}}
     response = httpx.post(f"{pdserve}/v1/completions", json=body, headers=AUTH, timeout=60)
     assert response.status_code == 400, response.text
