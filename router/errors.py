@@ -63,6 +63,12 @@ def method_not_allowed(method: str, path: str) -> APIError:
     )
 
 
+def request_timeout(timeout_s: float) -> APIError:
+    """A body that did not arrive within ``router.deadlines.body_s``."""
+    return APIError(408, f"The request body did not arrive within {timeout_s:g} s",
+                    "invalid_request_error", None, "request_timeout")
+
+
 def service_unavailable(message: str, retry_after_s: int = 1) -> APIError:
     return APIError(
         503, message, "service_unavailable", None, "service_unavailable",

@@ -43,6 +43,7 @@ from router.errors import (
     internal_error,
     method_not_allowed,
     model_not_found,
+    request_timeout,
     route_not_found,
     service_unavailable,
     unauthorized,
@@ -115,15 +116,20 @@ async def _unexpected(request: Request, error: Exception) -> JSONResponse:
 
 
 # Module-level helpers stand above the class: Serve captures it mid-import.
-async def _read_body(request: Request, limit_bytes: int) -> bytes:
+async def _read_body(request: Request, limit_bytes: int, timeout_s: float | None) -> bytes:
     """The body, refused with 413 from its declared length or, undeclared, once more than
-    ``limit_bytes`` have arrived (never read whole first)."""
+    ``limit_bytes`` have arrived (never read whole first), and with 408 when it has not
+    all arrived within ``timeout_s``."""
     check_declared_size(request.headers.get("content-length"), limit_bytes)
     chunks, received = [], 0
-    async for chunk in request.stream():
-        received += len(chunk)
-        check_received_size(received, limit_bytes)
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                received += len(chunk)
+                check_received_size(received, limit_bytes)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise request_timeout(timeout_s) from None
     return b"".join(chunks)
 
 
@@ -446,7 +452,8 @@ class Router:
     async def _json_body(self, request: Request) -> Any:
         """The body as JSON within the configured limits (413 or 400 otherwise)."""
         limits = self._config.router.limits
-        data = parse_json_body(await _read_body(request, limits.max_body_bytes))
+        data = parse_json_body(await _read_body(request, limits.max_body_bytes,
+                                                self._config.router.deadlines.body_s))
         check_body(data, max_stop_chars=limits.max_stop_chars,
                    max_user_chars=limits.max_user_chars, max_n=limits.max_n)
         return data

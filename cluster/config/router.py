@@ -124,6 +124,10 @@ class Deadlines(StrictModel):
         60, gt=0, description="a decode engine's first output (its KV pull included)")
     token_gap_s: float | None = Field(
         30, gt=0, description="the longest wait between two outputs of a decode stream")
+    body_s: float | None = Field(
+        30, gt=0, description="a request's body, from the router taking the request to the "
+        "body's last byte: a client that uploads slower is answered 408 (a slow upload "
+        "holds one of the router replica's max_ongoing_requests meanwhile)")
     request_s: float | None = Field(
         None, gt=0, description="a whole request, from the router taking it to its last "
         "output, retries included; when it passes nothing is retried (None: no limit, each "

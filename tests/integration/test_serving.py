@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import json
+import time
 
 import httpx
 import openai
@@ -201,6 +203,31 @@ def test_an_undeclared_oversized_body_is_refused_while_it_arrives(pdserve):
                           headers={"content-type": "application/json", **AUTH})
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "request_too_large"
+
+
+def test_a_body_that_does_not_arrive_in_time_is_answered_408_at_its_deadline(pdserve):
+    """A client that declares a body and sends a few bytes of it, then nothing: answered
+    408 once ``router.deadlines.body_s`` passed (3 s in this config), never held open."""
+    deadline_s = CONFIG.router.deadlines.body_s
+    host, port = pdserve.removeprefix("http://").split(":")
+    client = http.client.HTTPConnection(host, int(port), timeout=deadline_s + 60)
+    try:
+        client.putrequest("POST", "/v1/completions")
+        for name, value in {**AUTH, "Content-Type": "application/json",
+                            "Content-Length": "1000"}.items():
+            client.putheader(name, value)
+        client.endheaders(message_body=b'{"model": "tiny-llama", "pro')
+        started = time.monotonic()
+        response = client.getresponse()  # while the rest of the body never comes
+        body = json.loads(response.read())
+        waited = time.monotonic() - started
+    finally:
+        client.close()
+    assert response.status == 408, body
+    assert body["error"]["code"] == "request_timeout"
+    assert waited >= deadline_s * 0.9  # not refused before the deadline
+    healthy = generate(pdserve, "completion", MODEL, "still there?", stream=False, max_tokens=4)
+    assert healthy.status == 200
 
 
 @pytest.mark.parametrize("method, path, status", [
