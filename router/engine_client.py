@@ -20,6 +20,7 @@ from cluster.engine.messages import EngineRequest
 from router.admission import KEY_TENANT
 from router.decode_prefixes import DecodeCacheLink
 from router.disaggregation import PathChoice, Route, choose_path_with_cache
+from router.failures import for_vllms_layer
 from router.flow import DisaggregatedFlow, continuation
 from router.lifecycle import RequestLifecycle
 from router.protocol import check_token_ids
@@ -245,8 +246,8 @@ class PDEngineClient:
             if final is not None:
                 yield final
         except Exception as error:
-            lifecycle.record_failure(error)
-            raise
+            lifecycle.record_failure(error)  # what the router answers before a first output
+            raise for_vllms_layer(error, request.request_id) from error
         except BaseException:
             # The client went away (vLLM's layer closed the stream), unless a failure of
             # another prompt of the batch made vLLM cancel this one: that failure counts.

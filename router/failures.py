@@ -7,6 +7,7 @@ being imported, so helpers the class calls must live in a module imported before
 from __future__ import annotations
 
 import logging
+from http import HTTPStatus
 
 from fastapi.responses import JSONResponse
 
@@ -59,20 +60,37 @@ def failure_kind(error: BaseException) -> Failure:
     return "internal"
 
 
-def client_error(error: BaseException, request_id: str) -> APIError:
-    """What the client is told about a failure inside the pools (details go to the log)."""
+def client_error(error: BaseException, request_id: str, log: bool = True) -> APIError:
+    """What the client is told about a failure inside the pools (details go to the log,
+    unless ``log`` is off: the caller logs it)."""
     if isinstance(error, APIError):
         return error
     kind = failure_kind(error)
     if kind == "deadline":
-        logger.warning("request %s: an engine passed its deadline", request_id)
+        if log:
+            logger.warning("request %s: an engine passed its deadline", request_id)
         return service_unavailable("the model's engines did not answer in time; retry")
     # A dead engine too: Serve replaces its replica.
     if kind in ("died", "unavailable", "crashed_shared"):
-        logger.warning("request %s: engine unavailable: %r", request_id, error)
+        if log:
+            logger.warning("request %s: engine unavailable: %r", request_id, error)
         return service_unavailable("the model's engines are unavailable; retry shortly")
-    logger.error("request %s failed: %r", request_id, error, exc_info=error)
+    if log:
+        logger.error("request %s failed: %r", request_id, error, exc_info=error)
     return internal_error(request_id)
+
+
+def for_vllms_layer(error: Exception, request_id: str) -> Exception:
+    """A failure of the pools as vLLM's serving layer is to see it: it writes the
+    exception's text into a stream's error event. vLLM's own refusals pass as they are
+    (unwrapped from Ray's exception, whose text holds a traceback); anything else becomes
+    pdserve's answer to it, whose text holds no exception, address or process id."""
+    from vllm.exceptions import GracefulHTTPError
+
+    if vllm_error_response(error) is not None:
+        return _raised(error)
+    answer = client_error(error, request_id, log=False)  # the router logs it as it answers
+    return GracefulHTTPError(answer.message, HTTPStatus(answer.status))
 
 
 def vllm_error_response(error: BaseException) -> JSONResponse | None:

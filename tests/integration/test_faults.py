@@ -231,10 +231,11 @@ def complete(base_url: str, prompt: str, **params) -> httpx.Response:
 
 
 def stream_tokens(base_url: str, prompt: str, max_tokens: int,
-                  on_tokens=lambda count: None) -> tuple[list[int], list]:
-    """The streamed token ids and anything else the stream carried (errors, [DONE])."""
+                  on_tokens=lambda count: None, **params) -> tuple[list[int], list]:
+    """The streamed token ids (of every choice) and anything else the stream carried
+    (errors, [DONE])."""
     body = {"model": MODEL, "prompt": prompt, "temperature": 0, "max_tokens": max_tokens,
-            "ignore_eos": True, "stream": True, "return_token_ids": True}
+            "ignore_eos": True, "stream": True, "return_token_ids": True, **params}
     tokens, other = [], []
     with httpx.stream("POST", f"{base_url}/v1/completions", json=body, timeout=600) as response:
         assert response.status_code == 200, response.read()
@@ -775,3 +776,38 @@ def test_a_request_that_fails_its_engine_alone_is_answered_500_and_sent_to_no_ot
     nothing_leaked(cluster)
     wait_until_whole(cluster)
     assert all(not gone([pid]) for pid in survivor), "the other decode engine was replaced"
+
+
+def test_a_stream_that_cannot_be_continued_ends_with_an_error_free_of_internals(cluster):
+    """Two choices stream interleaved, so a stream of n=2 whose decode replica is killed
+    midway is not continued (router/retry.py): it ends with an error event. vLLM's layer
+    writes an exception's text into that event; it gets pdserve's answer (503, retry)
+    instead of Ray's exception, whose text names the dead actor's address, process id
+    and traceback."""
+    wait_for(engines_quiet(), "every engine idle", RECOVERY_S)
+    midway, acted = threading.Event(), threading.Event()
+    killed: list[int] = []
+
+    def fault() -> None:
+        actor, cores = computing("decode")
+        if midway.wait(timeout=120):
+            os.kill(actor.pid, signal.SIGKILL)
+            killed.extend(core.pid for core in cores)
+            injected()
+            acted.set()
+
+    injector = threading.Thread(target=fault, daemon=True)
+    injector.start()
+    tokens, other = stream_tokens(
+        cluster, unique_prompt(20), 1500, n=2, temperature=1.0,
+        on_tokens=lambda count: midway.set() if count >= 200 else None)
+    injector.join(timeout=120)
+    assert acted.is_set() and len(tokens) < 2 * 1500
+    errors = [event["error"] for event in other if isinstance(event, dict)]
+    assert len(errors) == 1, other
+    assert errors[0]["code"] == 503, errors
+    text = json.dumps(errors[0]).lower()  # before: "The actor <id> is unavailable: ..."
+    for internal in ("traceback", "pid", "ip=", "actor", "127.0.0.1", "ray"):
+        assert internal not in text, text
+    nothing_leaked(cluster, killed)
+    wait_until_whole(cluster)
