@@ -36,6 +36,7 @@ from tools.redis_local import redis_server
 _outputs = pytest.importorskip("vllm.outputs")
 _logprobs = pytest.importorskip("vllm.logprobs")
 _sampling = pytest.importorskip("vllm.sampling_params")
+_exceptions = pytest.importorskip("vllm.exceptions")
 CompletionOutput, RequestOutput = _outputs.CompletionOutput, _outputs.RequestOutput
 Logprob = _logprobs.Logprob
 RequestOutputKind = _sampling.RequestOutputKind
@@ -256,7 +257,9 @@ def test_when_the_request_computing_fails_its_followers_go_on_by_themselves():
         return await asyncio.gather(*tasks, unary, return_exceptions=True)
 
     leader, streamed, unary = asyncio.run(at_once())
-    assert isinstance(leader, ConnectionError)
+    # what vLLM's layer gets: pdserve's answer to the failure (router/failures.py)
+    assert isinstance(leader, _exceptions.GracefulHTTPError)
+    assert isinstance(leader.__cause__, ConnectionError)
     requests = [request for request, _ in flow.calls[1:]]
     # the stream that had passed the first delta on continues from it, exactly like a
     # migrated stream; the unary request, which had passed nothing on, starts over
