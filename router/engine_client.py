@@ -20,6 +20,7 @@ from cluster.engine.messages import EngineRequest
 from router.admission import KEY_TENANT
 from router.decode_prefixes import DecodeCacheLink
 from router.disaggregation import PathChoice, Route, choose_path_with_cache
+from router.errors import service_unavailable
 from router.failures import for_vllms_layer
 from router.flow import DisaggregatedFlow, continuation
 from router.lifecycle import RequestLifecycle
@@ -31,6 +32,7 @@ from router.response_cache import (
     generated_tokens,
     replayed_output,
 )
+from router.retry import continuation_differs
 
 logger = logging.getLogger(__name__)
 
@@ -209,6 +211,12 @@ class PDEngineClient:
             return
         except LeaderGone:
             pass
+        if sent and (differs := continuation_differs(request.sampling)):
+            refusal = service_unavailable(  # as a migrated stream's (router/flow.py)
+                f"the answer this stream followed stopped and it cannot be continued "
+                f"exactly ({differs}); retry")
+            lifecycle.record_failure(refusal)
+            raise for_vllms_layer(refusal, request.request_id)
         logger.info("request %s: the identical request it followed stopped after %d "
                     "tokens; it goes on by itself", request.request_id, len(sent))
         lifecycle.cache_result("miss")  # what a unary answer's header will say

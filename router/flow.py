@@ -21,7 +21,15 @@ from cluster.engine.messages import EngineRequest, PrefillResult
 from router.decode_prefixes import DecodeCacheLink
 from router.disaggregation import Route
 from router.errors import quarantined, service_unavailable
-from router.retry import CRASHES, Action, Failure, PoolBreaker, RetryPolicy
+from router.retry import (
+    CRASHES,
+    RETRYABLE,
+    Action,
+    Failure,
+    PoolBreaker,
+    RetryPolicy,
+    continuation_differs,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -207,12 +215,12 @@ class DisaggregatedFlow:
                 return  # ended without a finished output: aborted below
             except Exception as error:  # not GeneratorExit/CancelledError: the client left
                 failure = self._classify(error)
+                inexact = continuation_differs(request.sampling)
                 action = self._retry.after_decode_failure(
                     failure, tokens_sent=len(sent), attempts=attempts,
                     migrations=migrations, elapsed_s=self._clock() - start,
-                    choices=request.sampling.n,
-                    constrained=getattr(request.sampling, "structured_outputs", None)
-                    is not None, crashes_before=crashes.seen(failure))
+                    choices=request.sampling.n, inexact=inexact is not None,
+                    crashes_before=crashes.seen(failure))
                 self._note("decode", request, error, failure, action)
                 # Nobody will pull the blocks now: free them, unless the attempt only passed
                 # a deadline. Its replica may be slow rather than gone, and could still pull
@@ -222,6 +230,10 @@ class DisaggregatedFlow:
                     given_up = handle
                 if action == "quarantine":
                     raise quarantined(request.request_id) from error
+                if action == "give_up" and sent and inexact and failure in RETRYABLE:
+                    raise service_unavailable(  # rather than an answer unlike the unfaulted
+                        f"the stream was cut by an engine failure and cannot be continued "
+                        f"exactly ({inexact}); retry") from error
                 if action == "give_up":
                     raise
                 handle = None  # the retry or continuation prefills on its decode engine

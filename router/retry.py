@@ -10,7 +10,7 @@ the caller's clock. Why: docs/design.md, "Retries, migration and deadlines".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from cluster.config import RetryConfig
 
@@ -37,6 +37,25 @@ def quarantines(failure: Failure, crashes_before: int) -> bool:
     time. Among others, the first time, it is retried with them (the crash may be any
     one's doing; counted, a second crash is its own)."""
     return failure == "crashed" or (failure == "crashed_shared" and crashes_before > 0)
+
+
+def continuation_differs(sampling: Any) -> str | None:
+    """Why a continuation (the tokens sent appended to the prompt, router/flow.py) of a
+    request sampled with ``sampling`` (vLLM's ``SamplingParams``, read by attribute) would
+    not give what an unfaulted run gives; None when it would (for a greedy request)."""
+    if getattr(sampling, "structured_outputs", None) is not None:
+        return "its grammar would start again from its first state"
+    if getattr(sampling, "presence_penalty", 0) or getattr(sampling, "frequency_penalty", 0):
+        return "presence and frequency penalties count only the continuation's own tokens"
+    if getattr(sampling, "bad_words", None):
+        return "a bad word across the cut would not be seen"
+    stop = getattr(sampling, "stop", None) or []
+    if (not getattr(sampling, "include_stop_str_in_output", False)
+            and max(map(len, stop), default=0) > 1):
+        # vLLM holds back the last characters of a stream that may begin a stop string:
+        # they never reached the client, and the continuation sees only its own text.
+        return "text held back for its stop strings would be lost"
+    return None
 
 
 @dataclass(frozen=True)
@@ -78,11 +97,12 @@ class RetryPolicy:
 
     def after_decode_failure(self, failure: Failure, *, tokens_sent: int, attempts: int,
                              migrations: int, elapsed_s: float, choices: int,
-                             constrained: bool, crashes_before: int = 0) -> Action:
+                             inexact: bool, crashes_before: int = 0) -> Action:
         """After a decode run failed; ``attempts`` decode runs started so far, of which
         ``migrations`` were continuations; ``tokens_sent`` already reached the client;
-        ``constrained``: the request samples under a grammar (structured outputs);
-        ``crashes_before``: engine crashes the request was in before this failure."""
+        ``inexact``: a continuation would not give what an unfaulted run gives
+        (``continuation_differs``); ``crashes_before``: engine crashes the request was in
+        before this failure."""
         if quarantines(failure, crashes_before):
             return "quarantine"
         if failure not in RETRYABLE or self._out_of_time(elapsed_s):
@@ -97,9 +117,8 @@ class RetryPolicy:
             # may be gone with the replica that held the handle, or freed already).
             return "decode_local" if died or attempts < self.decode_attempts else "give_up"
         # Tokens sent: continuing is the only way to keep the stream whole.
-        # Several choices stream interleaved, and a grammar would restart from its first
-        # state on the continuation: neither can be continued exactly.
-        if choices > 1 or constrained or (migrations >= self.max_migrations and not died):
+        # Several choices stream interleaved: they cannot be continued one by one.
+        if choices > 1 or inexact or (migrations >= self.max_migrations and not died):
             return "give_up"
         return "migrate"
 

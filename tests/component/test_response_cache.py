@@ -303,6 +303,36 @@ def test_when_the_leaders_client_leaves_its_follower_goes_on_from_where_it_was()
     assert len(router.gate.released) == len(router.gate.acquired) == 2   # budget balanced
 
 
+def test_a_follower_whose_continuation_would_differ_ends_saying_so():
+    """Its stop strings held text back: continued, its answer would miss that text."""
+    flow = GatedFlow()
+    router = Router(flow)
+
+    async def leader_leaves():
+        key = "0000abcd"
+        router.client.register(key, RequestLifecycle(router.gate, f"chatcmpl-{key}",
+                                                     RecordingObserver(), "key:a"))
+        leader = router.client.generate({"prompt_token_ids": PROMPT}, greedy(stop=["END"]),
+                                        f"chatcmpl-{key}")
+        first = asyncio.ensure_future(anext(leader))
+        await eventually(lambda: len(flow.calls) == 1)
+        passed_on: list[str] = []
+        follower = asyncio.ensure_future(router.ask(
+            greedy(stop=["END"]),
+            on_output=lambda output: passed_on.append(output.outputs[0].text)))
+        flow.release.set()
+        await settled(first)
+        await eventually(lambda: passed_on == ["s0c0"])
+        await leader.aclose()
+        return await asyncio.gather(follower, return_exceptions=True)
+
+    (refused,) = asyncio.run(leader_leaves())
+    assert isinstance(refused, _exceptions.GracefulHTTPError), refused
+    assert refused.http_status == 503 and "held back" in str(refused)
+    assert len(flow.calls) == 1   # never continued
+    assert len(router.gate.released) == len(router.gate.acquired) == 1   # budget balanced
+
+
 def test_an_answer_the_client_left_before_its_end_is_not_stored():
     router = Router()
 

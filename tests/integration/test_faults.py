@@ -285,14 +285,15 @@ def counted(stage: str, action: str | None, reason: str | None, at_least: float)
 # ---- the faults ---------------------------------------------------------------------------
 
 
-def _fault_midstream(base_url: str, act) -> tuple[list[int], list[int], list]:
-    """An unfaulted greedy stream, then the same one with ``act(actor, cores)`` applied
-    to its decode replica once 200 tokens arrived; both token lists and the events."""
+def _fault_midstream(base_url: str, act, **params) -> tuple[list[int], list[int], list]:
+    """An unfaulted greedy stream (with ``params``), then the same one with
+    ``act(actor, cores)`` applied to its decode replica once 200 tokens arrived; both
+    token lists and the events."""
     prompt = unique_prompt(20)
     # A replacement replica may still be warming up after an earlier fault: it would look
     # like the engine computing this stream.
     wait_for(engines_quiet(), "every engine idle", RECOVERY_S)
-    expected, _ = stream_tokens(base_url, prompt, 1500)
+    expected, _ = stream_tokens(base_url, prompt, 1500, **params)
     midway, acted = threading.Event(), threading.Event()
     victim: dict = {}
     arrivals: list[tuple[float, int]] = []
@@ -312,7 +313,7 @@ def _fault_midstream(base_url: str, act) -> tuple[list[int], list[int], list]:
 
     injector = threading.Thread(target=fault, daemon=True)
     injector.start()
-    received, other = stream_tokens(base_url, prompt, 1500, on_tokens=after)
+    received, other = stream_tokens(base_url, prompt, 1500, on_tokens=after, **params)
     injector.join(timeout=120)
     assert acted.is_set(), f"the fault was not injected; token arrivals: {arrivals[:3]} ... " \
         f"{arrivals[-3:]}"
@@ -810,4 +811,23 @@ def test_a_stream_that_cannot_be_continued_ends_with_an_error_free_of_internals(
     for internal in ("traceback", "pid", "ip=", "actor", "127.0.0.1", "ray"):
         assert internal not in text, text
     nothing_leaked(cluster, killed)
+    wait_until_whole(cluster)
+
+
+def test_a_stream_a_continuation_would_alter_ends_saying_so_without_a_gap(cluster):
+    """vLLM holds back the last characters of a stream with stop strings (they may begin
+    one), and a continuation sees only its own text: migrated, the answer would miss
+    them. So the stream whose decode replica is killed midway is not continued
+    (router/retry.py, continuation_differs): what arrived is the unfaulted answer's
+    beginning, and an error event says why."""
+    expected, received, (other, victim) = _fault_midstream(
+        cluster, lambda actor, cores: os.kill(actor.pid, signal.SIGKILL),
+        stop=["a stop string this answer never holds"])
+    assert 200 <= len(received) < len(expected)
+    assert received == expected[:len(received)]
+    errors = [event["error"] for event in other if isinstance(event, dict)]
+    assert len(errors) == 1 and errors[0]["code"] == 503, other
+    assert "cannot be continued exactly" in errors[0]["message"]
+    assert "stop strings" in errors[0]["message"]
+    nothing_leaked(cluster, [core.pid for core in victim["cores"]])
     wait_until_whole(cluster)

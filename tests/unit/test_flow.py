@@ -717,3 +717,20 @@ def test_a_prompt_that_crashed_its_prefill_engine_alone_is_not_given_to_a_decode
     with pytest.raises(APIError):
         asyncio.run(collect(flow, "disaggregated"))
     assert decode.generate.calls == [] and noted == [("prefill", "crashed", "quarantine")]
+
+
+def test_a_stream_whose_continuation_would_differ_ends_saying_so_instead():
+    """Its stop strings held text back: continued, the answer would miss that text."""
+    request = EngineRequest("req-stop", (1, 2, 3, 4), SimpleNamespace(
+        max_tokens=3, n=1, min_tokens=0, stop=["END"]))
+    dead = FakeStream(outputs(3)[:1], then="fail")
+    decode = Replicas(dead, FakeStream(outputs(3)))
+    flow, noted = retrying(FakePrefill(PrefillResult(KV, 4)), decode)
+
+    async def collect_stop() -> list[Output]:
+        return [item async for item in flow.generate(request, "decode_local")]
+
+    with pytest.raises(APIError) as refused:
+        asyncio.run(collect_stop())
+    assert refused.value.status == 503 and "held back" in refused.value.message
+    assert len(decode.generate.calls) == 1 and noted == [("decode", "unavailable", "give_up")]

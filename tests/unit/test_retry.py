@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
-from router.retry import RetryPolicy
+from router.retry import RetryPolicy, continuation_differs
 
 POLICY = RetryPolicy(prefill_attempts=2, decode_attempts=2, max_migrations=2, max_retry_s=30)
 
 
 def decode(failure="unavailable", *, tokens_sent=0, attempts=1, migrations=0, elapsed_s=1.0,
-           choices=1, constrained=False):
+           choices=1, inexact=False):
     return POLICY.after_decode_failure(failure, tokens_sent=tokens_sent, attempts=attempts,
                                        migrations=migrations, elapsed_s=elapsed_s,
-                                       choices=choices, constrained=constrained)
+                                       choices=choices, inexact=inexact)
 
 
 def test_a_failed_prefill_is_retried_once_then_left_to_the_decode_engine():
@@ -46,9 +48,9 @@ def test_a_decode_that_sent_tokens_is_migrated_within_its_bound():
     assert decode(tokens_sent=7, attempts=3, migrations=2) == "give_up"
 
 
-@pytest.mark.parametrize("changes", [{"choices": 2}, {"constrained": True}])
+@pytest.mark.parametrize("changes", [{"choices": 2}, {"inexact": True}])
 def test_streams_a_continuation_cannot_reproduce_are_not_migrated(changes):
-    # n > 1 interleaves choices; a grammar would restart from its first state.
+    # n > 1 interleaves choices; an inexact one (continuation_differs) would alter the text.
     assert decode(tokens_sent=4, **changes) == "give_up"
     assert decode(tokens_sent=0, **changes) == "decode_local"  # nothing sent: start over
 
@@ -96,7 +98,7 @@ def test_nothing_starts_once_the_whole_requests_deadline_passed():
     policy = RetryPolicy(max_retry_s=60, request_s=10)
     assert policy.after_prefill_failure("died", attempts=1, elapsed_s=10) == "give_up"
     assert policy.after_decode_failure("died", tokens_sent=3, attempts=1, migrations=0,
-                                       elapsed_s=10, choices=1, constrained=False) == "give_up"
+                                       elapsed_s=10, choices=1, inexact=False) == "give_up"
     assert policy.after_prefill_failure("died", attempts=1, elapsed_s=9) == "retry_prefill"
 
 
@@ -116,11 +118,33 @@ def test_a_crash_among_other_requests_is_retried_once_then_quarantined():
                                         crashes_before=1) == "quarantine"
     assert POLICY.after_decode_failure(
         "crashed_shared", tokens_sent=5, attempts=2, migrations=1, elapsed_s=1, choices=1,
-        constrained=False, crashes_before=1) == "quarantine"
+        inexact=False, crashes_before=1) == "quarantine"
 
 
 def test_deaths_the_request_did_not_cause_are_retried_after_a_crash_too():
     for failure in ("died", "unavailable", "deadline"):
         assert POLICY.after_decode_failure(
             failure, tokens_sent=5, attempts=2, migrations=1, elapsed_s=1, choices=1,
-            constrained=False, crashes_before=1) == "migrate"
+            inexact=False, crashes_before=1) == "migrate"
+
+
+@pytest.mark.parametrize(("sampling", "why"), [
+    ({"structured_outputs": object()}, "grammar"),
+    ({"presence_penalty": 0.5}, "penalties"),
+    ({"frequency_penalty": -1.0}, "penalties"),
+    ({"bad_words": ["no"]}, "bad word"),
+    ({"stop": ["END"]}, "held back"),
+    ({"stop": ["x", "two"]}, "held back"),
+])
+def test_a_continuation_that_would_differ_from_the_unfaulted_answer_says_why(sampling, why):
+    assert why in continuation_differs(SimpleNamespace(**sampling))
+
+
+@pytest.mark.parametrize("sampling", [
+    {}, {"presence_penalty": 0, "frequency_penalty": 0.0, "bad_words": []},
+    {"repetition_penalty": 1.3},  # vLLM counts the prompt too: the sent tokens still count
+    {"stop": ["\n", "."]},         # one character: nothing is held back
+    {"stop": ["END"], "include_stop_str_in_output": True},
+])
+def test_a_continuation_that_gives_the_unfaulted_answer_is_allowed(sampling):
+    assert continuation_differs(SimpleNamespace(**sampling)) is None
