@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import math
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -276,28 +277,35 @@ def test_when_the_request_computing_fails_its_followers_go_on_by_themselves():
     assert router.result(key) == "miss"
 
 
-def test_when_the_leaders_client_leaves_its_follower_goes_on_from_where_it_was():
-    flow = GatedFlow()
-    router = Router(flow)
-
-    async def leader_leaves():
+def leader_leaves(flow: GatedFlow, router: Router, sampling) -> Any:
+    """A stream computing an answer and an identical one following it, both with the
+    first delta passed on; then the leader's client leaves. What the follower ended with
+    (its id and outputs, or what it raised)."""
+    async def run():
         key = "0000abcd"
         router.client.register(key, RequestLifecycle(router.gate, f"chatcmpl-{key}",
                                                      RecordingObserver(), "key:a"))
-        leader = router.client.generate({"prompt_token_ids": PROMPT}, greedy(),
+        leader = router.client.generate({"prompt_token_ids": PROMPT}, sampling,
                                         f"chatcmpl-{key}")
         first = asyncio.ensure_future(anext(leader))
         await eventually(lambda: len(flow.calls) == 1)
         passed_on: list[str] = []
         follower = asyncio.ensure_future(router.ask(
-            greedy(), on_output=lambda output: passed_on.append(output.outputs[0].text)))
+            sampling, on_output=lambda output: passed_on.append(output.outputs[0].text)))
         flow.release.set()
         await settled(first)
         await eventually(lambda: passed_on == ["s0c0"])   # the follower has delta 0 too
         await leader.aclose()        # the leader's client is gone
-        return await settled(follower)
+        (ended,) = await asyncio.gather(follower, return_exceptions=True)
+        return ended
 
-    _, outputs = asyncio.run(leader_leaves())
+    return asyncio.run(run())
+
+
+def test_when_the_leaders_client_leaves_its_follower_goes_on_from_where_it_was():
+    flow = GatedFlow()
+    router = Router(flow)
+    _, outputs = leader_leaves(flow, router, greedy())
     assert whole(outputs)[0] == "s0c0" + WHOLE_TEXT
     assert flow.calls[1][0].prompt_token_ids == (*PROMPT, 10, 20)
     assert len(router.gate.released) == len(router.gate.acquired) == 2   # budget balanced
@@ -307,26 +315,7 @@ def test_a_follower_whose_continuation_would_differ_ends_saying_so():
     """Its stop strings held text back: continued, its answer would miss that text."""
     flow = GatedFlow()
     router = Router(flow)
-
-    async def leader_leaves():
-        key = "0000abcd"
-        router.client.register(key, RequestLifecycle(router.gate, f"chatcmpl-{key}",
-                                                     RecordingObserver(), "key:a"))
-        leader = router.client.generate({"prompt_token_ids": PROMPT}, greedy(stop=["END"]),
-                                        f"chatcmpl-{key}")
-        first = asyncio.ensure_future(anext(leader))
-        await eventually(lambda: len(flow.calls) == 1)
-        passed_on: list[str] = []
-        follower = asyncio.ensure_future(router.ask(
-            greedy(stop=["END"]),
-            on_output=lambda output: passed_on.append(output.outputs[0].text)))
-        flow.release.set()
-        await settled(first)
-        await eventually(lambda: passed_on == ["s0c0"])
-        await leader.aclose()
-        return await asyncio.gather(follower, return_exceptions=True)
-
-    (refused,) = asyncio.run(leader_leaves())
+    refused = leader_leaves(flow, router, greedy(stop=["END"]))
     assert isinstance(refused, _exceptions.GracefulHTTPError), refused
     assert refused.http_status == 503 and "held back" in str(refused)
     assert len(flow.calls) == 1   # never continued
