@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # only the type: the policy reads a config, it does not impor
 
 Ticket = int
 KEY_TENANT = "key:"  # a client key's prefix: the request carried an API key
+ANONYMOUS = "anonymous"  # the key of a request with neither an API key nor a user
 
 
 def client_key(authorization: str | None, user: str | None) -> str:
@@ -36,7 +37,7 @@ def client_key(authorization: str | None, user: str | None) -> str:
         return KEY_TENANT + short_digest(token)
     if user:
         return "user:" + user
-    return "anonymous"
+    return ANONYMOUS
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class AdmissionPolicy:
     retry_after_s: int       # what refusals tell the client to wait before retrying
     max_queue_per_key: int | None  # one key's share of the queue (None: max_queue)
     long_budget: int | None  # what long-lane requests may hold together (None: no lane)
+    key_budget: int | None = None  # what one key's running requests may hold (None: all)
 
     @classmethod
     def from_config(cls, config: AdmissionConfig) -> AdmissionPolicy:
@@ -60,9 +62,12 @@ class AdmissionPolicy:
         """
         long_budget = (max(1, int(config.token_budget * config.long_lane_share))
                        if config.long_prompt_tokens is not None else None)
+        share = config.max_running_share_per_key
+        key_budget = None if share is None else max(1, int(config.token_budget * share))
         return cls(token_budget=config.token_budget, max_queue=config.max_queue,
                    max_wait_s=config.max_wait_s, retry_after_s=config.retry_after_s,
-                   max_queue_per_key=config.max_queue_per_key, long_budget=long_budget)
+                   max_queue_per_key=config.max_queue_per_key, long_budget=long_budget,
+                   key_budget=key_budget)
 
     @property
     def key_queue_limit(self) -> int:
@@ -97,7 +102,8 @@ class AdmissionController:
         self.policy = policy
         self.in_flight_tokens = 0
         self.long_in_flight_tokens = 0
-        self._running: dict[Ticket, tuple[int, bool]] = {}
+        self._running: dict[Ticket, tuple[int, bool, str]] = {}  # cost, long lane, key
+        self._running_by_key: dict[str, int] = {}  # tokens each key's running requests hold
         # every waiter: (cost, since, queue); per queue a FIFO; queues with waiters take
         # turns. A queue is a key's short or long lane (see _queue_name).
         self._waiting: OrderedDict[Ticket, tuple[int, float, str]] = OrderedDict()
@@ -119,12 +125,25 @@ class AdmissionController:
             "max_queue": self.policy.max_queue,
         }
 
-    def _fits(self, cost: int, long: bool) -> bool:
+    def _fits(self, cost: int, long: bool, key: str) -> bool:
         if self.in_flight_tokens + cost > self.policy.token_budget:
+            return False
+        if not self._within_key_share(cost, key):
             return False
         limit = self.policy.long_budget
         return (not long or limit is None or self.long_in_flight_tokens == 0
                 or self.long_in_flight_tokens + cost <= limit)
+
+    def _within_key_share(self, cost: int, key: str) -> bool:
+        """A key may always run one request; beyond it, its running requests hold at most
+        ``key_budget``: one client cannot hold the whole budget running (long streams a
+        client does not read, say) while other clients wait. Requests without an identity
+        (no API key, no ``user``) are not capped: they may be every client there is."""
+        if key in ("", ANONYMOUS):  # no identity: one client may be everyone
+            return True
+        held = self._running_by_key.get(key, 0)
+        limit = self.policy.key_budget
+        return limit is None or held == 0 or held + cost <= limit
 
     def request(self, ticket: Ticket, cost: int, now: float, key: str = "",
                 long: bool = False) -> Decision:
@@ -135,8 +154,8 @@ class AdmissionController:
         if cost > self.policy.token_budget:
             return TOO_LARGE
         queue = _queue_name(key, long)
-        if queue not in self._queues and self._fits(cost, long):
-            self._start(ticket, cost, long)
+        if queue not in self._queues and self._fits(cost, long, key):
+            self._start(ticket, cost, long, key)
             return ADMIT
         own_waiters = sum(len(self._queues.get(_queue_name(key, lane), ()))
                           for lane in (False, True))
@@ -152,10 +171,15 @@ class AdmissionController:
 
     def release(self, ticket: Ticket) -> list[Ticket]:
         """A running request ended: free its tokens; return the waiters now admitted."""
-        cost, long = self._running.pop(ticket, (0, False))
+        if ticket not in self._running:
+            return self._admit_waiters()
+        cost, long, key = self._running.pop(ticket)
         self.in_flight_tokens -= cost
         if long:
             self.long_in_flight_tokens -= cost
+        self._running_by_key[key] -= cost
+        if not self._running_by_key[key]:
+            del self._running_by_key[key]
         return self._admit_waiters()
 
     def give_up(self, ticket: Ticket) -> list[Ticket] | None:
@@ -195,8 +219,9 @@ class AdmissionController:
         if not self._queues[queue]:
             self._drop_key(queue)
 
-    def _start(self, ticket: Ticket, cost: int, long: bool) -> None:
-        self._running[ticket] = (cost, long)
+    def _start(self, ticket: Ticket, cost: int, long: bool, key: str) -> None:
+        self._running[ticket] = (cost, long, key)
+        self._running_by_key[key] = self._running_by_key.get(key, 0) + cost
         self.in_flight_tokens += cost
         if long:
             self.long_in_flight_tokens += cost
@@ -219,11 +244,11 @@ class AdmissionController:
                 ticket = self._queues[key][0]
                 cost = self._waiting[ticket][0]
                 long = _is_long_lane(key)
-                if not self._fits(cost, long):
+                if not self._fits(cost, long, _client_of(key)):
                     continue
                 self._queues[key].popleft()
                 del self._waiting[ticket]
-                self._start(ticket, cost, long)
+                self._start(ticket, cost, long, _client_of(key))
                 admitted.append(ticket)
                 self._turns.remove(key)
                 if self._queues[key]:
@@ -244,3 +269,8 @@ def _queue_name(key: str, long: bool) -> str:
 
 def _is_long_lane(queue: str) -> bool:
     return queue.endswith(_LONG_LANE)
+
+
+def _client_of(queue: str) -> str:
+    """The client key whose queue (either lane) this is."""
+    return queue.removesuffix(_LONG_LANE)

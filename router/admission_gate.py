@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from cluster.config import AdmissionConfig
-from router.admission import AdmissionController, AdmissionPolicy, Ticket
+from router.admission import ANONYMOUS, AdmissionController, AdmissionPolicy, Ticket
 from router.errors import APIError, bad_request
 
 
@@ -45,7 +45,7 @@ class AdmissionGate:
         self._waiters: dict[Ticket, asyncio.Future[bool]] = {}  # verdict: admitted or not
         self._timer: asyncio.Task | None = None
 
-    async def acquire(self, cost: int, key: str = "anonymous", prompt_tokens: int = 0) -> Ticket:
+    async def acquire(self, cost: int, key: str = ANONYMOUS, prompt_tokens: int = 0) -> Ticket:
         """Wait for admission in ``key``'s queue; raise the 429/503 answer if refused.
 
         Prompts of ``long_prompt_tokens`` or more wait in the key's long lane.

@@ -18,7 +18,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from router.admission import client_key
+from router.admission import ANONYMOUS, client_key
 
 _UNIT = float(1 << 53)  # 53 random bits: every point k / 2**53 is an exact float in [0, 1)
 
@@ -59,7 +59,7 @@ def sticky_key_for(user: str | None, authorization: str | None) -> str | None:
     if user:
         return "user:" + user
     key = client_key(authorization, None)
-    return None if key == "anonymous" else key
+    return None if key == ANONYMOUS else key
 
 
 def split_for_canary(baseline: str, canary: str, canary_percent: int) -> dict[str, int]:

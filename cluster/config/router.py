@@ -30,6 +30,14 @@ class AdmissionConfig(StrictModel):
         "quarter of max_queue, so one client cannot fill it; null: all of it (one key "
         "calling for many users)",
     )
+    max_running_share_per_key: float | None = Field(
+        0.5, gt=0, le=1, description="share of token_budget one API key's (or user's) "
+        "running requests may hold; beyond it the key's next request waits even when the "
+        "budget has room (a key may always run one), so one client cannot hold the whole "
+        "budget running (long streams it does not read, say) while others wait. Requests "
+        "with neither an API key nor a user are not capped. null: all of it (one key "
+        "calling for many users)",
+    )
     max_wait_s: float = Field(30, gt=0, description="longest wait before 503")
     retry_after_s: int = Field(1, ge=1, description="Retry-After of 429 and 503 answers")
     long_prompt_tokens: int | None = Field(

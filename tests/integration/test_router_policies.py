@@ -37,13 +37,15 @@ def test_short_prompts_skip_the_prefill_pool_and_long_ones_use_it(pdserve):
 
 
 HOLD_TOKENS = 7000  # decode steps of each budget holder: far longer than the refusals take
+OVER_SHARE_TOKENS = 1000  # the two holders and this fit the budget, not key A's share
 KEY_A = {"Authorization": "Bearer key-a"}
 KEY_B = {"Authorization": "Bearer key-b"}
 
 
 def test_over_budget_load_is_queued_or_refused_while_admitted_requests_finish(pdserve):
     """Budget 20,000 tokens, queue of 2, 6 s wait; each of key A's requests may hold
-    ~7,200 tokens (prompt plus max_tokens), so two fit and a third does not.
+    ~7,200 tokens (prompt plus max_tokens), so two fit and a third does not. A key's
+    running requests may hold 15,000 (max_running_share_per_key 0.75).
 
     Two of A's requests take the budget. Then three more of A's and a small one of key B's
     are sent at once: two of A's wait and time out (503), one finds the queue full (429),
@@ -80,6 +82,13 @@ def test_over_budget_load_is_queued_or_refused_while_admitted_requests_finish(pd
     assert b_response.json()["usage"]["completion_tokens"] == 8
     # the refused left nothing behind; the holders were still running then
     assert (outcome["after_refusals"]["running"], outcome["after_refusals"]["queued"]) == (2, 0)
+    # running requests count against a key's share (max_running_share_per_key): key A's
+    # next request waited, and timed out, while the budget had room for it
+    share = admission.max_running_share_per_key * admission.token_budget
+    over = outcome["over_share"]
+    assert sum(cost) + OVER_SHARE_TOKENS <= admission.token_budget
+    assert sum(cost) <= share < sum(cost) + OVER_SHARE_TOKENS
+    assert (over.status_code, over.json()["error"]["code"]) == (503, "queue_timeout")
     # the budget was given back: nothing in flight, and the service admits again
     assert (outcome["after"]["running"], outcome["after"]["tokens_in_flight"]) == (0, 0)
     wait_until_idle(pdserve)
@@ -124,10 +133,14 @@ async def _flood_from_key_a(pdserve: str) -> dict:
                               # sampled: without ignore_eos an early EOS may end it
                               "ignore_eos": True}))
         after_refusals = await state()
+        # A request the budget has room for, beyond key A's running share: it waits for
+        # A's own requests to end (here: out its max_wait_s), whatever the budget holds.
+        over_share = await client.post("/v1/completions", headers=KEY_A, json={
+            "model": MODEL, "prompt": "one more of mine", "max_tokens": OVER_SHARE_TOKENS})
         finished = await asyncio.gather(*holders)
         after = await until(lambda s: s["running"] == 0, "the budget given back")
     return {"holders": finished, "held": held, "overflow": overflow, "other_key": other_key,
-            "after_refusals": after_refusals, "after": after}
+            "after_refusals": after_refusals, "after": after, "over_share": over_share}
 
 
 def test_a_decode_engine_pulls_only_what_its_prefix_cache_lacks(pdserve):

@@ -10,8 +10,10 @@ from router.disaggregation import PathChoice, choose_path, choose_path_with_cach
 
 
 def policy(**fields) -> AdmissionPolicy:
-    """A policy as the router builds it: from a validated config section."""
-    return AdmissionPolicy.from_config(AdmissionConfig(**fields))
+    """A policy as the router builds it: from a validated config section. One key may
+    hold the whole budget running unless a test says otherwise."""
+    return AdmissionPolicy.from_config(AdmissionConfig(
+        **{"max_running_share_per_key": None, **fields}))
 
 
 # One key may fill the whole queue here: these tests are about the queue itself.
@@ -73,7 +75,8 @@ def test_the_policy_comes_from_the_config():
         token_budget=1000, max_queue=4, max_queue_per_key=2, max_wait_s=3, retry_after_s=2,
         long_prompt_tokens=100, long_lane_share=0.25))
     assert laned == AdmissionPolicy(token_budget=1000, max_queue=4, max_wait_s=3,
-                                    retry_after_s=2, max_queue_per_key=2, long_budget=250)
+                                    retry_after_s=2, max_queue_per_key=2, long_budget=250,
+                                    key_budget=500)
     tiny = AdmissionConfig(token_budget=1, long_prompt_tokens=1, long_lane_share=0.1)
     assert AdmissionPolicy.from_config(tiny).long_budget == 1   # never a lane of 0 tokens
 
@@ -306,3 +309,46 @@ def test_the_long_lane_never_exceeds_its_budget_and_short_fits_are_never_kept_wa
         assert gate.in_flight_tokens <= LANES.token_budget or len(running) == 1
         # nobody waits in the short lane while its head would fit: lanes never block it
         assert not any(not is_long for is_long in waiting.values()) or running
+
+
+SHARED = policy(token_budget=100, max_queue=10, max_wait_s=5, max_queue_per_key=5,
+                max_running_share_per_key=0.5)
+
+
+def test_a_key_holding_its_share_running_waits_while_another_key_is_admitted():
+    gate = AdmissionController(SHARED)
+    assert gate.request(1, 30, now=0, key="a").action == "admit"
+    assert gate.request(2, 20, now=0, key="a").action == "admit"   # 50: its share
+    assert gate.request(3, 10, now=0, key="a").action == "queue"   # the budget has room
+    assert gate.request(4, 40, now=0, key="b").action == "admit"   # another key's share
+    assert gate.snapshot()["tokens_in_flight"] == 90
+    assert gate.release(4) == []        # room in the budget, none in a's share
+    assert gate.release(2) == [3]       # a's own request ended: its next one runs
+
+
+def test_a_key_may_always_run_one_request_within_the_budget():
+    """A request larger than a key's share would otherwise wait for nothing."""
+    gate = AdmissionController(SHARED)
+    assert gate.request(1, 80, now=0, key="a").action == "admit"
+    assert gate.request(2, 70, now=0, key="b").action == "queue"   # the budget: 150 > 100
+    assert gate.release(1) == [2]
+
+
+def test_the_share_is_off_when_one_key_calls_for_many_users():
+    gate = AdmissionController(policy(token_budget=100, max_queue=10, max_wait_s=5,
+                                      max_running_share_per_key=None))
+    for ticket in range(1, 5):
+        assert gate.request(ticket, 25, now=0, key="gateway").action == "admit"
+
+
+def test_a_share_is_a_fraction_of_the_budget_by_default_half():
+    assert AdmissionPolicy.from_config(AdmissionConfig(token_budget=1000)).key_budget == 500
+    assert policy(token_budget=1000, max_running_share_per_key=0.25).key_budget == 250
+
+
+@pytest.mark.parametrize("key", ["", "anonymous"])
+def test_requests_without_an_identity_are_not_capped_by_a_share(key):
+    """With neither an API key nor a user they may be every client there is."""
+    gate = AdmissionController(SHARED)
+    for ticket in range(1, 5):
+        assert gate.request(ticket, 25, now=0, key=key).action == "admit"

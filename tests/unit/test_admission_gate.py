@@ -17,8 +17,10 @@ ZERO = {"tokens_in_flight": 0, "long_tokens_in_flight": 0, "running": 0, "queued
 
 
 def gate_with(clock: FakeClock, **config) -> AdmissionGate:
+    # One key may hold the whole budget running unless a test says otherwise: most tests
+    # here are about the budget, the queue and the lanes.
     settings = {"token_budget": 100, "max_queue": 10, "max_wait_s": 5, "retry_after_s": 3,
-                **config}
+                "max_running_share_per_key": None, **config}
     return AdmissionGate(AdmissionConfig(**settings), clock=clock, sleep=clock.sleep)
 
 
