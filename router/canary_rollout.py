@@ -27,6 +27,7 @@ from cluster.config import CanaryConfig, PDServeConfig
 from cluster.recorder import Recorder
 from router.canary import CanaryPolicy, GateDecision, OutcomeWindow, decide
 from router.canary_eval import EvalContext, evaluate
+from router.errors import service_unavailable
 from router.timing import RequestTimer
 from router.versions import Rollout
 
@@ -34,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 SYNC_PERIOD_S = 0.5
 MAX_PENDING_SAMPLES = 10_000  # if the controller is unreachable, older samples are dropped
+CONTROLLER_CALL_S = 5.0  # a call to the rollout controller that takes longer is given up
 Sample = tuple[str, bool, float | None, float | None]  # version, ok, ttft, mean ITL
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
@@ -199,9 +201,16 @@ class RolloutClient:
         self._pending.append((version, outcome == "ok" and not faulted, timer.ttft, itl))
 
     async def describe(self) -> dict:
+        """The rollout's state (``/admin/rollout``); 503 when the controller does not
+        answer within ``CONTROLLER_CALL_S``."""
         if self._controller is None:
             return {"served_models": self._weights, "canary": None, "decisions": []}
-        return await self._controller.describe.remote()
+        try:
+            async with asyncio.timeout(CONTROLLER_CALL_S):
+                return await self._controller.describe.remote()
+        except TimeoutError:
+            raise service_unavailable(f"the rollout controller did not answer within "
+                                      f"{CONTROLLER_CALL_S:g} s") from None
 
     def _ensure_sync(self) -> None:
         if self._controller is None:
@@ -214,7 +223,10 @@ class RolloutClient:
             samples = list(self._pending)
             self._pending.clear()
             try:
-                self._weights = await self._controller.sync.remote(samples)
+                # Bounded: a hung controller must not freeze every router's weights and
+                # outcomes; the next round asks again.
+                async with asyncio.timeout(CONTROLLER_CALL_S):
+                    self._weights = await self._controller.sync.remote(samples)
             except Exception as error:  # keep routing on the last weights known
                 logger.warning("rollout controller unreachable: %r", error)
                 self._pending.extendleft(reversed(samples))

@@ -40,8 +40,10 @@ T = TypeVar("T")
 POOL_CHECK_S = 0.25
 
 
-# Calls to give a KV handle up, while each meets a replica that died.
+# Calls to give a KV handle up, while each meets a replica that died, and how long each
+# may take (after it, the blocks are left to their lease).
 RELEASE_ATTEMPTS = 3
+RELEASE_S = 10.0
 # How long /admin/stats waits for a pool's statistics (as /health waits for its pools): a
 # replica that takes a call and never answers must not hold an operator's request for good.
 POOL_STATS_S = 5.0
@@ -276,8 +278,9 @@ class DisaggregatedFlow:
         while that is the failure: the decode replica that failed is often the one asked."""
         async def release() -> None:
             for attempt in range(1, RELEASE_ATTEMPTS + 1):
-                try:
-                    await self._decode_unary.release_handle.remote(request_id, handle)
+                try:  # bounded: a replica that takes the call and never answers
+                    await _within(self._decode_unary.release_handle.remote(
+                        request_id, handle), RELEASE_S)
                     return
                 except Exception as error:
                     if self._classify(error) == "died" and attempt < RELEASE_ATTEMPTS:

@@ -17,6 +17,7 @@ from cluster.config import PDServeConfig
 from router import canary_rollout
 from router.canary_eval import EvalContext, EvalResult
 from router.canary_rollout import SYNC_PERIOD_S, RolloutClient, RolloutController
+from router.errors import APIError
 from router.timing import RequestTimer
 from tests.fake_time import FakeClock, eventually
 
@@ -231,17 +232,27 @@ class Method:
 class ControllerHandle:
     """A Serve handle to a RolloutController; the first ``failures`` syncs fail."""
 
-    def __init__(self, controller: RolloutController, failures: int = 0):
+    def __init__(self, controller: RolloutController, failures: int = 0,
+                 hangs: bool = False):
+        """``hangs``: every call is taken and never answered."""
         self._controller = controller
         self.failures = failures
+        self.hangs = hangs
         self.sync = Method(self._sync)
-        self.describe = Method(controller.describe)
+        self.describe = Method(self._describe)
 
     async def _sync(self, samples):
+        if self.hangs:
+            await asyncio.Event().wait()
         if self.failures:
             self.failures -= 1
             raise ConnectionError("rollout controller unreachable")
         return await self._controller.sync(samples)
+
+    async def _describe(self):
+        if self.hangs:
+            await asyncio.Event().wait()
+        return await self._controller.describe()
 
 
 def finished_timer() -> RequestTimer:
@@ -326,5 +337,28 @@ def test_while_the_controller_is_unreachable_the_client_keeps_its_weights_and_ou
         await eventually(lambda: len(handle.sync.calls) == 3)
         kept = [("v2", True, TIMER.ttft, MEAN_ITL), ("v1", True, TIMER.ttft, MEAN_ITL)]
         assert handle.sync.calls[2] == (kept,)   # nothing lost, nothing sent twice, in order
+
+    asyncio.run(scenario())
+
+
+def test_a_controller_that_never_answers_holds_no_router(monkeypatch):
+    """Its calls are given up after CONTROLLER_CALL_S: the router keeps its weights and
+    outcomes and asks again next round; /admin/rollout answers 503."""
+    monkeypatch.setattr(canary_rollout, "CONTROLLER_CALL_S", 0.05)
+
+    async def scenario():
+        gate_time, client_time = FakeClock(), FakeClock()
+        handle = ControllerHandle(controller_at(gate_time), hangs=True)
+        client = RolloutClient(handle, SERVED, "chat", sleep=client_time.sleep)
+        client.weights("chat")
+        client.record("chat", "v2", "ok", TIMER)
+        await eventually(lambda: client_time.wake_times == [SYNC_PERIOD_S])  # given up
+        assert client.weights("chat") == {"v1": 95, "v2": 5}
+        client_time.advance(SYNC_PERIOD_S)
+        await eventually(lambda: len(handle.sync.calls) == 2)  # asked again, same outcome
+        assert handle.sync.calls[1] == ([("v2", True, TIMER.ttft, MEAN_ITL)],)
+        with pytest.raises(APIError) as refused:
+            await client.describe()
+        assert refused.value.status == 503
 
     asyncio.run(scenario())

@@ -639,6 +639,32 @@ def test_giving_a_handle_up_is_asked_again_past_replicas_that_died():
     assert len(decode.release_handle.calls) == 3  # two met dead replicas, the third freed it
 
 
+def test_a_release_a_replica_never_answers_is_given_up_at_its_deadline(monkeypatch):
+    monkeypatch.setattr(flow_module, "RELEASE_S", 0.05)
+    hung_calls = []
+
+    async def release(request_id, handle) -> None:
+        try:
+            await asyncio.Event().wait()   # took the call, answers nothing
+        except asyncio.CancelledError:
+            hung_calls.append(request_id)
+            raise
+
+    decode = Replicas(FakeStream([], then="fail"), FakeStream(outputs(1)))
+    decode.release_handle = Method(release)
+    flow = DisaggregatedFlow(
+        FakePrefill(PrefillResult(KV, 4)), decode, retry=RetryPolicy(),
+        classify=lambda error: "unavailable")
+
+    async def run():
+        received = await collect(flow, "disaggregated")
+        await eventually(lambda: not flow._releases)  # ended, the lease frees the blocks
+        return received
+
+    assert asyncio.run(run()) == outputs(1)
+    assert len(decode.release_handle.calls) == 1 and len(hung_calls) == 1  # cancelled
+
+
 def test_when_the_whole_requests_deadline_passes_nothing_is_retried():
     hung = FakeStream([output(0)], then="block")
     decode = Replicas(hung, FakeStream(outputs(3)))
