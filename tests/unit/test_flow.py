@@ -614,6 +614,25 @@ def test_an_engine_ending_every_attempt_is_a_503_never_a_finished_answer():
     assert caught.value.status == 503 and "Retry-After" in caught.value.headers
 
 
+def released_after_a_failed_decode(release, failure: str) -> Replicas:
+    """A disaggregated request whose first decode fails with ``failure`` before its first
+    token and whose retry answers; its handle is given up through ``release``. The
+    decode pool, once the background release has ended."""
+    decode = Replicas(FakeStream([], then="fail"), FakeStream(outputs(1)))
+    decode.release_handle = Method(release)
+    flow = DisaggregatedFlow(
+        FakePrefill(PrefillResult(KV, 4)), decode, retry=RetryPolicy(),
+        classify=lambda error: failure)
+
+    async def run():
+        received = await collect(flow, "disaggregated")
+        await eventually(lambda: not flow._releases)  # the release runs in the background
+        return received
+
+    assert asyncio.run(run()) == outputs(1)
+    return decode
+
+
 def test_giving_a_handle_up_is_asked_again_past_replicas_that_died():
     class Died(Exception):
         pass
@@ -624,18 +643,7 @@ def test_giving_a_handle_up_is_asked_again_past_replicas_that_died():
         if refusals:
             raise refusals.pop(0)
 
-    decode = Replicas(FakeStream([], then="fail"), FakeStream(outputs(1)))
-    decode.release_handle = Method(release)
-    flow = DisaggregatedFlow(
-        FakePrefill(PrefillResult(KV, 4)), decode, retry=RetryPolicy(),
-        classify=lambda error: "died")
-
-    async def run():
-        received = await collect(flow, "disaggregated")
-        await eventually(lambda: not flow._releases)  # the release runs in the background
-        return received
-
-    assert asyncio.run(run()) == outputs(1)
+    decode = released_after_a_failed_decode(release, "died")
     assert len(decode.release_handle.calls) == 3  # two met dead replicas, the third freed it
 
 
@@ -650,18 +658,7 @@ def test_a_release_a_replica_never_answers_is_given_up_at_its_deadline(monkeypat
             hung_calls.append(request_id)
             raise
 
-    decode = Replicas(FakeStream([], then="fail"), FakeStream(outputs(1)))
-    decode.release_handle = Method(release)
-    flow = DisaggregatedFlow(
-        FakePrefill(PrefillResult(KV, 4)), decode, retry=RetryPolicy(),
-        classify=lambda error: "unavailable")
-
-    async def run():
-        received = await collect(flow, "disaggregated")
-        await eventually(lambda: not flow._releases)  # ended, the lease frees the blocks
-        return received
-
-    assert asyncio.run(run()) == outputs(1)
+    decode = released_after_a_failed_decode(release, "unavailable")
     assert len(decode.release_handle.calls) == 1 and len(hung_calls) == 1  # cancelled
 
 
