@@ -338,14 +338,16 @@ class Router:
 
     def _choose_version(self, request: Request, served_name: str | None,
                         user: str | None) -> tuple[str, str, Frontend]:
-        """The version that answers (sticky per user, else per API key) and the frontend
+        """The version that answers (sticky: router.version_stickiness) and the frontend
         of the served name the client asked for (default: the primary one)."""
         served_name = served_name or self._config.model.name
         weights = self._rollout.weights(served_name)
         if weights is None:
             raise model_not_found(served_name)
-        # Sticky per user, else per API key: one conversation stays on one version.
-        sticky = sticky_key_for(user, request.headers.get("authorization"))
+        # Sticky per API key (or per user, where the config trusts it): one conversation
+        # stays on one version, and a client cannot pick the version it meets.
+        sticky = sticky_key_for(user, request.headers.get("authorization"),
+                                self._config.router.version_stickiness)
         name = choose_version(weights, sticky, self._random.random(), served_name=served_name)
         return name, served_name, self._versions[name].by_name[served_name]
 

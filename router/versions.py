@@ -50,13 +50,15 @@ def choose_version(weights: Mapping[str, int], sticky_key: str | None, draw: flo
     return _by_draw(weights, draw)
 
 
-def sticky_key_for(user: str | None, authorization: str | None) -> str | None:
-    """The key that keeps a client on one version: the ``user`` field, else the API key.
+def sticky_key_for(user: str | None, authorization: str | None,
+                   by: str = "api_key") -> str | None:
+    """The key that keeps a client on one version (``router.version_stickiness``):
+    its API key, or with ``by`` "user" its ``user`` field first.
 
     The API key is hashed the way admission hashes it: raw keys go nowhere. None when the
-    request carries neither.
+    request carries none to use (then each request is drawn).
     """
-    if user:
+    if by == "user" and user:
         return "user:" + user
     key = client_key(authorization, None)
     return None if key == ANONYMOUS else key

@@ -205,6 +205,14 @@ class RouterConfig(StrictModel):
         "at most this long"
     )
     default_max_tokens: int = Field(256, ge=1, description="used when a request sets none")
+    version_stickiness: Literal["api_key", "user"] = Field(
+        "api_key", description="what keeps a client on one model version of a weighted "
+        "split or canary: 'api_key', its API key (a client cannot pick the version; "
+        "without a key each request is drawn); 'user', its `user` field first, for a "
+        "trusted caller (a gateway with one key for many users) whose users must be "
+        "spread over the versions. With 'user', a client that chooses its `user` chooses "
+        "its version, and can aim failures at one to steer the canary gate",
+    )
     disaggregation_threshold_tokens: int = Field(
         512, ge=0,
         description="prompts shorter than this are prefilled by the decode engine "

@@ -183,10 +183,17 @@ def test_rollout_moves_through_percents_and_the_canary_becomes_the_baseline():
         done.at_percent(5)
 
 
-def test_sticky_key_prefers_the_user_field_then_a_hashed_api_key():
-    assert sticky_key_for("alice", "Bearer sk-1") == "user:alice"
-    by_key = sticky_key_for(None, "Bearer sk-secret")
+def test_by_user_the_sticky_key_is_the_user_field_then_a_hashed_api_key():
+    assert sticky_key_for("alice", "Bearer sk-1", by="user") == "user:alice"
+    by_key = sticky_key_for(None, "Bearer sk-secret", by="user")
     assert by_key is not None and "secret" not in by_key
-    assert by_key == sticky_key_for("", "Bearer sk-secret")
-    assert sticky_key_for(None, None) is None
-    assert sticky_key_for(None, "Basic abc") is None
+    assert by_key == sticky_key_for("", "Bearer sk-secret", by="user")
+    assert sticky_key_for(None, None, by="user") is None
+    assert sticky_key_for(None, "Basic abc", by="user") is None
+
+
+def test_by_default_a_client_cannot_pick_its_version_with_the_user_field():
+    """Else it could find a ``user`` the candidate answers and aim failures at it."""
+    keyed = sticky_key_for(None, "Bearer sk-1")
+    assert {sticky_key_for(user, "Bearer sk-1") for user in ("a", "b", "c")} == {keyed}
+    assert sticky_key_for("alice", None) is None   # no key: each request is drawn
