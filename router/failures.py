@@ -42,9 +42,10 @@ def failure_kind(error: BaseException) -> Failure:
         return "unavailable" if error.status == 503 else "refused"
     from ray import exceptions as ray_exceptions
     from ray.serve import exceptions as serve_exceptions
-    from vllm.exceptions import VLLMClientError
     from vllm.v1.engine.exceptions import EngineDeadError
 
+    if _vllms_refusal(error):
+        return "refused"
     error = _raised(error)
     if isinstance(error, EngineCrashed):  # its engine died of its own error (no signal)
         return "crashed" if error.requests_in_engine <= 1 else "crashed_shared"
@@ -55,9 +56,19 @@ def failure_kind(error: BaseException) -> Failure:
                   | ray_exceptions.RayActorError | ray_exceptions.ActorUnavailableError
                   | EngineDeadError):
         return "unavailable"
-    if isinstance(error, VLLMClientError | ValueError | TypeError | OverflowError):
-        return "refused"
     return "internal"
+
+
+def _vllms_refusal(error: BaseException) -> bool:
+    """vLLM refused the request itself: a ``VLLMClientError`` from anywhere, or a plain
+    ``ValueError`` (vLLM's layer still raises some) raised here in the router. One raised
+    inside a replica is a fault there, not the client's: its text must not reach the
+    client as a 400 (nor would a retry help)."""
+    from vllm.exceptions import VLLMClientError
+
+    cause = _raised(error)
+    return isinstance(cause, VLLMClientError) or (
+        cause is error and isinstance(error, ValueError | TypeError | OverflowError))
 
 
 def client_error(error: BaseException, request_id: str, log: bool = True) -> APIError:
@@ -102,7 +113,10 @@ def vllm_error_response(error: BaseException) -> JSONResponse | None:
     from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
     from vllm.exceptions import VLLMError, VLLMServerError
 
-    error = _raised(error)
+    cause = _raised(error)
+    if cause is not error and not isinstance(cause, VLLMError):
+        return None  # raised inside a replica: a fault there (failure_kind: "internal")
+    error = cause
     if not isinstance(error, VLLMError | ValueError | TypeError | OverflowError
                       | NotImplementedError):
         return None

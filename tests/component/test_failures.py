@@ -65,3 +65,19 @@ def test_an_engine_that_died_of_its_own_error_is_told_alone_from_among_others():
     assert failure_kind(shared) == "crashed_shared"
     status, body, headers = answer(shared)  # if it reaches a client: retryable
     assert (status, body["code"]) == (503, "service_unavailable") and headers["retry-after"]
+
+
+def test_a_plain_value_error_inside_a_replica_is_a_500_without_its_text():
+    """Raised there it is a fault of the replica, not the client's request: neither a 400
+    nor retried, and its text (paths, addresses) stays in the log."""
+    error = wrapped(ValueError("bad state at /srv/pdserve 10.0.0.7"))
+    assert failure_kind(error) == "internal"
+    status, body, _ = answer(error)
+    assert (status, body["code"]) == (500, "internal_error")
+    assert "srv" not in body["message"] and "10.0.0.7" not in body["message"]
+
+
+def test_a_plain_value_error_of_vllms_layer_in_the_router_is_vllms_400():
+    assert failure_kind(ValueError("prompt too long")) == "refused"
+    status, body, _ = answer(ValueError("prompt too long"))
+    assert status == 400 and "prompt too long" in body["message"]
