@@ -25,6 +25,7 @@ from ray import serve
 from cluster import metrics as m
 from cluster.config import CanaryConfig, PDServeConfig
 from cluster.recorder import Recorder
+from router.calls import answer_within
 from router.canary import CanaryPolicy, GateDecision, OutcomeWindow, decide
 from router.canary_eval import EvalContext, evaluate
 from router.errors import service_unavailable
@@ -205,9 +206,9 @@ class RolloutClient:
         answer within ``CONTROLLER_CALL_S``."""
         if self._controller is None:
             return {"served_models": self._weights, "canary": None, "decisions": []}
-        try:
-            async with asyncio.timeout(CONTROLLER_CALL_S):
-                return await self._controller.describe.remote()
+        try:  # never cancelled: router/calls.py
+            return await answer_within(self._controller.describe.remote(),
+                                       CONTROLLER_CALL_S)
         except TimeoutError:
             raise service_unavailable(f"the rollout controller did not answer within "
                                       f"{CONTROLLER_CALL_S:g} s") from None
@@ -225,8 +226,8 @@ class RolloutClient:
             try:
                 # Bounded: a hung controller must not freeze every router's weights and
                 # outcomes; the next round asks again.
-                async with asyncio.timeout(CONTROLLER_CALL_S):
-                    self._weights = await self._controller.sync.remote(samples)
+                self._weights = await answer_within(self._controller.sync.remote(samples),
+                                                    CONTROLLER_CALL_S)
             except Exception as error:  # keep routing on the last weights known
                 logger.warning("rollout controller unreachable: %r", error)
                 self._pending.extendleft(reversed(samples))

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from cluster.config import Deadlines
 from cluster.engine.messages import EngineRequest, PrefillResult
+from router.calls import answer_within
 from router.decode_prefixes import DecodeCacheLink
 from router.disaggregation import Route
 from router.errors import quarantined, service_unavailable
@@ -278,8 +279,8 @@ class DisaggregatedFlow:
         while that is the failure: the decode replica that failed is often the one asked."""
         async def release() -> None:
             for attempt in range(1, RELEASE_ATTEMPTS + 1):
-                try:  # bounded: a replica that takes the call and never answers
-                    await _within(self._decode_unary.release_handle.remote(
+                try:  # bounded, and never cancelled (router/calls.py)
+                    await answer_within(self._decode_unary.release_handle.remote(
                         request_id, handle), RELEASE_S)
                     return
                 except Exception as error:
@@ -332,11 +333,9 @@ class DisaggregatedFlow:
         for a pool none of whose replicas answers within ``POOL_STATS_S``."""
         stats = {}
         for pool, handle in (("prefill", self._prefill), ("decode", self._decode_unary)):
-            call = handle.stats.remote()
-            try:
-                stats[pool] = await _within(call, POOL_STATS_S)
+            try:  # never cancelled: router/calls.py
+                stats[pool] = await answer_within(handle.stats.remote(), POOL_STATS_S)
             except TimeoutError:
-                call.cancel()
                 raise service_unavailable(
                     f"the {pool} pool did not answer within {POOL_STATS_S:g} s") from None
         return stats

@@ -384,9 +384,9 @@ class Router:
         try:
             result = await (frontend.chat.create_chat_completion(body) if kind == "chat"
                             else frontend.completion.create_completion(body))
-        except Exception as error:
-            client.unregister(key)
-            return self._failed(error, lifecycle, headers)
+        except Exception as error:  # vLLM's layer re-raised it: the recorded failure is
+            client.unregister(key)    # the original (router/failures.py, for_vllms_layer)
+            return self._failed(lifecycle.failure or error, lifecycle, headers)
         except BaseException:
             client.unregister(key)
             lifecycle.finish("cancelled")

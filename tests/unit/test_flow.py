@@ -318,10 +318,16 @@ def test_pool_stats_answers_503_naming_a_pool_that_does_not_answer(monkeypatch):
     flow, _, decode = flow_with(FakeStream([]))
     silent = FakePrefill(PrefillResult(KV, 4), block=True)
     decode.stats = Method(lambda: Response(silent._prefill(REQUEST), silent))
-    with pytest.raises(APIError) as caught:
-        asyncio.run(flow.pool_stats())
-    assert caught.value.status == 503 and "decode pool" in caught.value.message
-    assert silent.cancel_sent  # the unanswered call is cancelled in the replica
+    async def ask():
+        with pytest.raises(APIError) as caught:
+            await flow.pool_stats()
+        # answered, and the call left to finish: a Serve call cancelled while it waits
+        # for a replica held up the deployment's next calls (router/calls.py)
+        assert not silent.cancel_sent
+        return caught.value
+
+    refusal = asyncio.run(ask())
+    assert refusal.status == 503 and "decode pool" in refusal.message
 
 
 def test_prepend_puts_a_taken_head_back_in_front_of_the_stream():
@@ -648,18 +654,15 @@ def test_giving_a_handle_up_is_asked_again_past_replicas_that_died():
 
 
 def test_a_release_a_replica_never_answers_is_given_up_at_its_deadline(monkeypatch):
+    """The flow stops waiting (its release task ends); the call itself is left to finish,
+    never cancelled (router/calls.py)."""
     monkeypatch.setattr(flow_module, "RELEASE_S", 0.05)
-    hung_calls = []
 
     async def release(request_id, handle) -> None:
-        try:
-            await asyncio.Event().wait()   # took the call, answers nothing
-        except asyncio.CancelledError:
-            hung_calls.append(request_id)
-            raise
+        await asyncio.Event().wait()   # took the call, answers nothing
 
     decode = released_after_a_failed_decode(release, "unavailable")
-    assert len(decode.release_handle.calls) == 1 and len(hung_calls) == 1  # cancelled
+    assert len(decode.release_handle.calls) == 1
 
 
 def test_when_the_whole_requests_deadline_passes_nothing_is_retried():
