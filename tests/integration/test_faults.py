@@ -749,36 +749,6 @@ def test_a_client_gone_during_its_prefill_leaves_no_work_behind(cluster):
     assert generated("decode") == decoded_before, "a decode engine generated for a client gone"
 
 
-def test_a_request_that_fails_its_engine_alone_is_answered_500_and_sent_to_no_other(cluster):
-    """This cluster's decode engines keep vLLM 0.32's own rewind of a discarded seeded
-    sample (``PDSERVE_SEEDED_CPU=vllm`` in its config), so a seeded n=2 prompt the decode
-    engine prefills in chunks ends the engine with an error: a real poison request.
-    Alone in its engine, it is quarantined (router/retry.py): answered 500 naming it,
-    counted, and never handed to the other decode engine, which lives on; Serve replaces
-    the failed replica."""
-    wait_for(engines_quiet(), "every engine idle", RECOVERY_S)
-    before = {core.pid for _, cores in replicas("decode") for core in cores}
-    quarantined_before = retried("decode", "quarantine", "crashed")
-    prompt = " ".join(f"p{uuid.uuid4().hex[:6]}" for _ in range(300))  # ~2,400 tokens
-    response = httpx.post(f"{cluster}/v1/completions", timeout=300, json={
-        "model": MODEL, "prompt": prompt, "temperature": 1.0, "seed": 5, "n": 2,
-        "max_tokens": 8, "ignore_eos": True})
-    injected()
-    assert response.status_code == 500, response.text
-    error = response.json()["error"]
-    assert (error["type"], error["code"]) == ("internal_error", "internal_error")
-    # named as the logs name it (vLLM's id for the request's one prompt, "<id>-0")
-    assert f'{response.headers["x-request-id"].split(",")[0]}-0 ' in error["message"]
-    counted("decode", "quarantine", "crashed", quarantined_before + 1)
-    assert retried("decode", None, "crashed_shared") == 0
-    wait_for(lambda: sum(gone([pid]) for pid in before) == 1, "the failed decode engine gone",
-             60)
-    survivor = [pid for pid in before if not gone([pid])]
-    nothing_leaked(cluster)
-    wait_until_whole(cluster)
-    assert all(not gone([pid]) for pid in survivor), "the other decode engine was replaced"
-
-
 def test_streams_a_continuation_cannot_reproduce_end_saying_so_without_internals(cluster):
     """Two streams that are not continued after a fault (router/retry.py): one of n=2
     (its choices stream interleaved) and a greedy one with a stop string (vLLM holds back
