@@ -10,7 +10,7 @@ keeps it); ``PDSERVE_SCHEDULER_NICE=N`` (``engine.scheduler_nice``) runs the eng
 nice N. Why and what it measured: docs/design.md, "Engines compute on their own cores".
 On a CPU engine it also makes a discarded sample (a prefill chunk's) leave the request's
 seeded generator as it was (``cluster.engine.seeded_cpu``; ``PDSERVE_SEEDED_CPU=vllm``
-keeps vLLM's own behaviour, a request that fails the engine, for the fault suite).
+keeps vLLM's own behaviour, a request that fails the engine, for a fault test).
 """
 
 from __future__ import annotations
