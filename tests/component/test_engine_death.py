@@ -25,6 +25,7 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from cluster.engine.host import EngineHost
 from cluster.engine.messages import EngineCrashed, EngineRequest
 from cluster.engine.stats import EngineStats
+from tests.fake_time import eventually
 
 # Forked: the stand-ins run no library code, and a spawned child would import vLLM again.
 CONTEXT = multiprocessing.get_context("fork")
@@ -48,11 +49,13 @@ class DyingEngine:
             engine_manager=SimpleNamespace(processes=[core])))
         self.started = 0
         self._core = core
+        self._gone: asyncio.Future | None = None  # the core's exit, awaited once
 
     async def generate(self, prompt, params, request_id, **kwargs):
         self.started += 1
-        while self._core.exitcode is None:
-            await asyncio.sleep(0.01)
+        if self._gone is None:
+            self._gone = asyncio.ensure_future(asyncio.to_thread(self._core.join, 30))
+        await asyncio.shield(self._gone)
         raise EngineDeadError()
         yield  # an async generator, as vLLM's
 
@@ -72,8 +75,7 @@ async def _requests_in(host: EngineHost, engine: DyingEngine, count: int,
         raise AssertionError("the request ended without an error")
 
     tasks = [asyncio.ensure_future(run(f"r{i}")) for i in range(count)]
-    while engine.started < count:
-        await asyncio.sleep(0.01)
+    await eventually(lambda: engine.started == count)
     kill()
     return await asyncio.wait_for(asyncio.gather(*tasks), 30)
 
