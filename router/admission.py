@@ -243,12 +243,12 @@ class AdmissionController:
             for key in list(self._turns):
                 ticket = self._queues[key][0]
                 cost = self._waiting[ticket][0]
-                long = _is_long_lane(key)
-                if not self._fits(cost, long, _client_of(key)):
+                long, client = _is_long_lane(key), _client_of(key)
+                if not self._fits(cost, long, client):
                     continue
                 self._queues[key].popleft()
                 del self._waiting[ticket]
-                self._start(ticket, cost, long, _client_of(key))
+                self._start(ticket, cost, long, client)
                 admitted.append(ticket)
                 self._turns.remove(key)
                 if self._queues[key]:

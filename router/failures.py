@@ -98,8 +98,8 @@ def for_vllms_layer(error: Exception, request_id: str) -> Exception:
     pdserve's answer to it, whose text holds no exception, address or process id."""
     from vllm.exceptions import GracefulHTTPError
 
-    if vllm_error_response(error) is not None:
-        return _raised(error)
+    if (vllms := _vllms_to_answer(error)) is not None:
+        return vllms
     answer = client_error(error, request_id, log=False)  # the router logs it as it answers
     return GracefulHTTPError(answer.message, HTTPStatus(answer.status))
 
@@ -111,19 +111,28 @@ def vllm_error_response(error: BaseException) -> JSONResponse | None:
     An engine-side error arrives wrapped by Ray: its cause is what vLLM raised.
     """
     from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+
+    vllms = _vllms_to_answer(error)
+    if vllms is None:
+        return None
+    response = create_error_response(vllms)
+    return JSONResponse(response.model_dump(), status_code=response.error.code)
+
+
+def _vllms_to_answer(error: BaseException) -> BaseException | None:
+    """The error vLLM's own handling answers (unwrapped from Ray's exception); None when
+    pdserve answers it."""
     from vllm.exceptions import VLLMError, VLLMServerError
 
     cause = _raised(error)
     if cause is not error and not isinstance(cause, VLLMError):
         return None  # raised inside a replica: a fault there (failure_kind: "internal")
-    error = cause
-    if not isinstance(error, VLLMError | ValueError | TypeError | OverflowError
+    if not isinstance(cause, VLLMError | ValueError | TypeError | OverflowError
                       | NotImplementedError):
         return None
-    if isinstance(error, VLLMServerError):  # a dead engine, say: pdserve's 503 or 500
+    if isinstance(cause, VLLMServerError):  # a dead engine, say: pdserve's 503 or 500
         return None
-    response = create_error_response(error)
-    return JSONResponse(response.model_dump(), status_code=response.error.code)
+    return cause
 
 
 def failure_response(error: BaseException, request_id: str) -> JSONResponse:
