@@ -9,7 +9,6 @@ side-channel port), converts pdserve messages to vLLM objects, and keeps
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import threading
@@ -25,6 +24,14 @@ from cluster.engine.cpu_check import check_engine
 from cluster.engine.death import death_cause
 from cluster.engine.load_report import LoadReporter
 from cluster.engine.messages import EngineCrashed, EngineRequest
+from cluster.engine.process_tree import (
+    engine_processes,
+    kill_running,
+    kill_tree,
+    outlived,
+    record_tree,
+    wait_ports_free,
+)
 from cluster.engine.stall import StepWatch, is_stalled
 from cluster.engine.stats import EngineStats
 from cluster.engine.stats_logger import publish_gauges, stats_logger_factory, vllm_metrics_logger
@@ -37,6 +44,10 @@ STALL_RECHECK_S = 1.0  # a stall seen by the health check is confirmed this much
 # How long a dead engine's processes are given to exit before its death is classified: one
 # that died of its own error exits just after telling its client (cluster/engine/death.py).
 DEATH_EXIT_WAIT_S = 2.0
+# How long a starting replica waits for its side-channel port to be let go by whatever
+# held it (its predecessor's processes, being stopped) before it fails with the reason.
+PORT_FREE_WAIT_S = 60.0
+SHUTDOWN_GRACE_S = 10.0  # how long a shut-down engine's processes are given to end
 
 
 class EngineHost:
@@ -51,6 +62,10 @@ class EngineHost:
         self._steps = steps or StepWatch()
         self._stall_timeout_s = stall_timeout_s
         self._hung_killed = False
+        # The engine's processes as they run once it is up: what outlives its death is
+        # killed (cluster/engine/process_tree.py).
+        self._tree = record_tree(engine)
+        self._leftovers_killed = False
         self._in_flight = 0  # requests handed to the engine and not ended
         # Once the engine died: how many requests it held, and whether of its own error.
         self._death: tuple[int, asyncio.Future[bool]] | None = None
@@ -92,6 +107,10 @@ class EngineHost:
 
         # This node's CPU, not the head's: machines differ (AVX2 only, AVX-512, AMX).
         check_engine(config, role, version)
+        pool = config.pool(version, role)
+        wait_ports_free(side_channel_host,
+                        range(side_channel_port, side_channel_port + pool.tensor_parallel_size),
+                        PORT_FREE_WAIT_S)
         # The engine core runs in child processes that read these at their start.
         os.environ.update(
             engine_env(config, role, side_channel_host, side_channel_port, version))
@@ -195,12 +214,13 @@ class EngineHost:
         return held if await asyncio.shield(crashed) else None
 
     async def _died_of_own_error(self) -> bool:
-        processes = _engine_processes(self._engine)
+        processes = engine_processes(self._engine)
         deadline = time.monotonic() + DEATH_EXIT_WAIT_S
         while (any(process.exitcode is None for process in processes)
                and time.monotonic() < deadline):
             await asyncio.sleep(0.05)
         cause = death_cause([process.exitcode for process in processes], self._hung_killed)
+        self._kill_leftovers()
         if cause == "crashed":
             logger.error("%s engine %s died of an error of its own with %d request(s) in "
                          "it", self.stats.role, self.stats.engine_id, self._death[0])
@@ -252,7 +272,10 @@ class EngineHost:
     async def check_health(self) -> None:
         """vLLM's check (the engine core died), and a hung engine: one that holds requests
         and has not stepped for ``engine.stall_timeout_s`` has its processes killed, so
-        that its requests fail over at once and Serve replaces the replica."""
+        that its requests fail over at once and Serve replaces the replica. A dead
+        engine's leftover processes are killed first."""
+        if self.engine_dead:
+            self._kill_leftovers()
         if self._hung_killed:
             await self._engine.check_health()  # vLLM's monitor may not have seen it yet
             raise RuntimeError("engine hung and killed; waiting to be replaced")
@@ -262,7 +285,7 @@ class EngineHost:
             await asyncio.sleep(STALL_RECHECK_S)
             if (stalled_s := self._stall_past_limit_s()) is not None:
                 self._hung_killed = True
-                killed = _kill_engine_processes(self._engine)
+                killed = kill_tree(self._engine, self._tree)
                 logger.error("%s engine %s has held requests for %.0f s without a step: "
                              "taken for hung, its processes %s killed", self.stats.role,
                              self.stats.engine_id, stalled_s, killed)
@@ -303,34 +326,21 @@ class EngineHost:
             logger.warning("request %s: releasing the late handle failed", request_id,
                            exc_info=True)
 
+    def _kill_leftovers(self) -> None:
+        """Kill what still runs of the dead engine's recorded processes (a worker that
+        outlived its core holds the side-channel port the replacement replica needs)."""
+        if self._leftovers_killed:
+            return
+        self._leftovers_killed = True
+        if killed := kill_running(self._tree):
+            logger.warning("%s engine %s is dead; its leftover processes %s were killed",
+                           self.stats.role, self.stats.engine_id, killed)
+
     def shutdown(self) -> None:
         self._stop.set()
         self._engine.shutdown()
-
-
-def _kill_engine_processes(engine: Any) -> list[int]:
-    """SIGKILL the engine's EngineCore processes and everything under them (a stopped or
-    stuck process acts on nothing gentler), and return their pids. vLLM's monitor then
-    finds the core gone and fails the engine's requests (``EngineDeadError``)."""
-    import psutil
-
-    killed = []
-    for process in _engine_processes(engine):
-        try:
-            core = psutil.Process(process.pid)
-            tree = [*core.children(recursive=True), core]
-        except psutil.NoSuchProcess:
-            continue
-        for member in tree:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                member.kill()
-                killed.append(member.pid)
-    return killed
-
-
-def _engine_processes(engine: Any) -> list[Any]:
-    """The engine's EngineCore processes (``multiprocessing`` processes, with ``pid`` and
-    ``exitcode``); none for an engine without (a test's stand-in)."""
-    manager = getattr(getattr(engine, "engine_core", None), "resources", None)
-    return list(getattr(getattr(manager, "engine_manager", None), "processes", None) or [])
+        # vLLM's shutdown asks its processes to end; what has not within the grace is killed.
+        if killed := kill_running(outlived(self._tree, SHUTDOWN_GRACE_S)):
+            logger.warning("%s engine %s shut down; its processes %s still ran and were "
+                           "killed", self.stats.role, self.stats.engine_id, killed)
 

@@ -10,12 +10,14 @@ gone."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import os
 import signal
 import sys
 from types import SimpleNamespace
 
+import psutil
 import pytest
 
 pytest.importorskip("vllm")
@@ -51,10 +53,17 @@ class DyingEngine:
         self._core = core
         self._gone: asyncio.Future | None = None  # the core's exit, awaited once
 
+    async def _core_exit(self, timeout_s: float) -> None:
+        # By its exit status, not its sentinel (``join``): a worker forked under the core
+        # inherits the sentinel's pipe and keeps it open after the core is gone.
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self._core.exitcode is None and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+
     async def generate(self, prompt, params, request_id, **kwargs):
         self.started += 1
         if self._gone is None:
-            self._gone = asyncio.ensure_future(asyncio.to_thread(self._core.join, 30))
+            self._gone = asyncio.ensure_future(self._core_exit(30))
         await asyncio.shield(self._gone)
         raise EngineDeadError()
         yield  # an async generator, as vLLM's
@@ -113,3 +122,36 @@ def test_an_engine_that_died_of_its_own_error_tells_each_request_how_many_were_i
 def _wait_then_crash(ready) -> None:
     ready.wait(60)
     _crash_with_an_error()
+
+
+def _core_with_a_worker(report, crash) -> None:
+    """An engine core with a worker under it that outlives it, as vLLM's CPU worker (which
+    holds the NIXL side-channel port) can outlive a core that died of its own error."""
+    worker = os.fork()
+    if worker == 0:
+        while True:
+            signal.pause()
+    report.send(worker)
+    crash.wait(60)
+    os._exit(1)
+
+
+def test_a_dead_engines_leftover_worker_is_killed():
+    parent, child = CONTEXT.Pipe()
+    crash = CONTEXT.Event()
+    core = CONTEXT.Process(target=_core_with_a_worker, args=(child, crash))
+    core.start()
+    assert parent.poll(60), "the engine core stand-in never started"
+    worker = psutil.Process(parent.recv())
+    engine = DyingEngine(core)
+    # recorded as the replica records a real engine's: once it is up, workers and all
+    host = EngineHost(engine, EngineStats(role="decode", engine_id="e0"))
+    try:
+        errors = asyncio.run(_requests_in(host, engine, 1, crash.set))
+        assert [type(error) for error in errors] == [EngineCrashed], errors
+        assert core.exitcode == 1
+        assert psutil.wait_procs([worker], timeout=10)[1] == [] or \
+            worker.status() == psutil.STATUS_ZOMBIE, "the core's worker outlived the engine"
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            worker.kill()

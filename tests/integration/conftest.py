@@ -21,6 +21,7 @@ from cluster.config import load_config
 from cluster.local_node import port_is_free
 from tests.integration.openai_http import ADMIN
 from tools import processes
+from tools.cluster_processes import is_replica  # noqa: F401 (the tests import it from here)
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_PATH = REPO / "tests/integration/pdserve-test.yaml"
@@ -155,10 +156,3 @@ def wait_for(condition, what: str, timeout_s: float, detail=None) -> None:
             said = f": {detail()}" if detail is not None else ""
             pytest.fail(f"{what} not within {timeout_s}s{said}")
         time.sleep(POLL_S)
-
-
-def is_replica(process, deployment: str) -> bool:
-    """Whether a ``psutil`` process (iterated with its "name") is a replica of the pdserve
-    app's ``deployment``: Ray titles it after the actor, then ".method" while a call runs."""
-    title, name = f"ray::ServeReplica:pdserve:{deployment}", process.info["name"] or ""
-    return name == title or name.startswith(f"{title}.")

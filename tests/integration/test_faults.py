@@ -38,8 +38,9 @@ from tests.integration.conftest import (
     serving,
     wait_for,
 )
-from tests.integration.engine_processes import is_spawned_as
 from tests.integration.prometheus import by_process, scrape, settled_scrape, total
+from tools.cluster_processes import gone
+from tools.cluster_processes import replicas as cluster_replicas
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -73,16 +74,7 @@ def starts_whole(cluster) -> None:
 
 def replicas(pool: str) -> list[tuple[psutil.Process, list[psutil.Process]]]:
     """The pool's replica actors, each with its EngineCore processes."""
-    found = []
-    for process in psutil.process_iter(["name"]):
-        if is_replica(process, f"{pool}-v1"):
-            try:
-                cores = [child for child in process.children()
-                         if is_spawned_as(child, "VLLM::EngineCore")]
-            except psutil.NoSuchProcess:
-                continue
-            found.append((process, cores))
-    return found
+    return cluster_replicas(f"{pool}-v1")
 
 
 def cpu_seconds(processes_: list[psutil.Process]) -> float:
@@ -116,16 +108,6 @@ def computing(pool: str, timeout_s: float = 60,
     gained = {actor.pid: round(cpu_seconds(cores) - start[actor.pid], 2)
               for actor, cores in candidates}
     pytest.fail(f"no {pool} engine started computing within {timeout_s}s: {gained}")
-
-
-def gone(pids: list[int]) -> bool:
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                return False
-        except psutil.NoSuchProcess:
-            pass
-    return True
 
 
 def engines_quiet(max_cpu_s: float = 0.05):
@@ -747,6 +729,41 @@ def test_a_client_gone_during_its_prefill_leaves_no_work_behind(cluster):
     nothing_leaked(cluster)
     wait_for(engines_quiet(), "every engine idle", RECOVERY_S)
     assert generated("decode") == decoded_before, "a decode engine generated for a client gone"
+
+
+def test_a_request_that_fails_its_engine_alone_is_answered_500_and_sent_to_no_other(cluster):
+    """This cluster's decode engines keep vLLM 0.32's own rewind of a discarded seeded
+    sample (``PDSERVE_SEEDED_CPU=vllm`` in its config), so a seeded n=2 prompt the decode
+    engine prefills in chunks ends the engine with an error: a real poison request.
+    Alone in its engine, it is quarantined (router/retry.py): answered 500 naming it,
+    counted, and never handed to the other decode engine, which lives on. Nothing of the
+    crashed engine outlives it (its worker held the replica's NIXL side-channel port:
+    cluster/engine/process_tree.py), and Serve's replacement replica comes up on that
+    port."""
+    wait_for(engines_quiet(), "every engine idle", RECOVERY_S)
+    trees = {core.pid: [core.pid, *(p.pid for p in core.children(recursive=True))]
+             for _, cores in replicas("decode") for core in cores}
+    quarantined_before = retried("decode", "quarantine", "crashed")
+    prompt = " ".join(f"p{uuid.uuid4().hex[:6]}" for _ in range(300))  # ~2,400 tokens
+    response = httpx.post(f"{cluster}/v1/completions", timeout=300, json={
+        "model": MODEL, "prompt": prompt, "temperature": 1.0, "seed": 5, "n": 2,
+        "max_tokens": 8, "ignore_eos": True})
+    injected()
+    assert response.status_code == 500, response.text
+    error = response.json()["error"]
+    assert (error["type"], error["code"]) == ("internal_error", "internal_error")
+    # named as the logs name it (vLLM's id for the request's one prompt, "<id>-0")
+    assert f'{response.headers["x-request-id"].split(",")[0]}-0 ' in error["message"]
+    counted("decode", "quarantine", "crashed", quarantined_before + 1)
+    assert retried("decode", None, "crashed_shared") == 0
+    wait_for(lambda: sum(gone([core]) for core in trees) == 1, "the failed decode engine gone",
+             60)
+    crashed = next(tree for core, tree in trees.items() if gone([core]))
+    wait_for(lambda: gone(crashed), "every process of the crashed engine gone", 30)
+    survivor = [core for core in trees if not gone([core])]
+    nothing_leaked(cluster)
+    wait_until_whole(cluster)
+    assert all(not gone([core]) for core in survivor), "the other decode engine was replaced"
 
 
 def test_streams_a_continuation_cannot_reproduce_end_saying_so_without_internals(cluster):

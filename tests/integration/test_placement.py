@@ -18,9 +18,9 @@ import pytest
 
 from cluster.cores import parse_cores
 from tests.integration.conftest import CONFIG, MODEL
-from tests.integration.engine_processes import is_spawned_as
 from tests.integration.openai_http import generate
 from tests.integration.test_equivalence import prose
+from tools.cluster_processes import is_spawned_as
 
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "sched_getaffinity") or not Path("/proc/self/task").is_dir(),

@@ -22,8 +22,8 @@ from tests.integration.conftest import (
     wait_for,
     wait_until_idle,
 )
-from tests.integration.engine_processes import is_spawned_as
 from tests.integration.openai_http import API_KEY, AUTH, generate
+from tools.cluster_processes import is_spawned_as
 
 pytestmark = pytest.mark.integration
 

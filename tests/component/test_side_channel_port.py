@@ -1,0 +1,43 @@
+"""A replica waits for its NIXL side-channel port before it starts its engine
+(cluster/engine/process_tree.py, ``wait_ports_free``): a port still held past the wait
+fails the start at once, naming the holder, instead of an engine whose worker cannot bind
+and whose start never ends."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import pytest
+
+from cluster.engine.process_tree import wait_ports_free
+
+
+def _listener() -> socket.socket:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    return listener
+
+
+def test_a_free_port_is_taken_at_once():
+    with _listener() as listener:
+        port = listener.getsockname()[1]
+    wait_ports_free("127.0.0.1", range(port, port + 1), timeout_s=0)
+
+
+def test_a_port_still_held_fails_the_start_naming_its_holder():
+    with _listener() as listener:
+        port = listener.getsockname()[1]
+        with pytest.raises(RuntimeError, match=rf"port {port} .* held by") as refused:
+            wait_ports_free("127.0.0.1", range(port, port + 1), timeout_s=0.3, poll_s=0.05)
+    # named by pid where this user may list sockets (psutil); "another process" elsewhere
+    assert f"pid {os.getpid()}" in str(refused.value) or "another process" in str(refused.value)
+
+
+def test_a_port_let_go_within_the_wait_is_taken():
+    listener = _listener()
+    port = listener.getsockname()[1]
+    threading.Timer(0.3, listener.close).start()
+    wait_ports_free("127.0.0.1", range(port, port + 1), timeout_s=10, poll_s=0.05)
