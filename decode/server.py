@@ -16,10 +16,11 @@ from typing import Any
 
 from ray import serve
 
-from cluster.engine.messages import EngineRequest
+from cluster.engine.messages import EngineRequest, Progress
 from cluster.engine.replica import EngineReplica
 from decode.pacing import hold_before_next
 from decode.params import decode_params
+from decode.progress import with_progress
 from kv_transfer.handle import KVHandle
 
 
@@ -36,7 +37,9 @@ class DecodeServer(EngineReplica):
         Each output leaves without the prompt's token ids: the router has them, and they
         would otherwise cross Ray with every token. Outputs leave at most once per
         ``request.chunk_interval_s`` (decode/pacing.py): while this generator waits, vLLM
-        merges the outputs it makes into the next delta.
+        merges the outputs it makes into the next delta. An answer sent in one piece is
+        preceded by a ``Progress`` every ``request.progress_interval_s`` its engine works
+        on (decode/progress.py).
         """
         if handle is not None and not handle.claimable_at(now := time.time()):
             await self._host.give_up_late_handle(
@@ -44,7 +47,14 @@ class DecodeServer(EngineReplica):
             handle = None
         params = decode_params(request.sampling,
                                handle.to_params() if handle is not None else None)
-        async for output in self._host.generate(request, params):
+        outputs = self._host.generate(request, params)
+        if request.progress_interval_s is not None:  # an answer sent in one piece
+            outputs = with_progress(outputs, request.progress_interval_s,
+                                    self._host.stalled_s)
+        async for output in outputs:
+            if isinstance(output, Progress):
+                yield output
+                continue
             output.prompt_token_ids = None
             output.prompt = None
             sent_at = time.monotonic()

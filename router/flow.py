@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from cluster.config import Deadlines
-from cluster.engine.messages import EngineRequest, PrefillResult
+from cluster.engine.messages import EngineRequest, PrefillResult, Progress
 from router.calls import answer_within
 from router.decode_prefixes import DecodeCacheLink
 from router.disaggregation import Route
@@ -48,6 +48,9 @@ RELEASE_S = 10.0
 # How long /admin/stats waits for a pool's statistics (as /health waits for its pools): a
 # replica that takes a call and never answers must not hold an operator's request for good.
 POOL_STATS_S = 5.0
+# A one-piece answer's decode replica says it is working this many times per gap deadline
+# (router.deadlines.token_gap_s): one late sign of life does not fail the attempt.
+PROGRESS_PER_GAP = 3
 
 
 class PoolEmpty(Exception):
@@ -129,6 +132,9 @@ class DisaggregatedFlow:
         crashes = _Crashes()
         if self._caller is not None and request.caller is None:
             request = dataclasses.replace(request, caller=self._caller)
+        if one_piece and (gap := self._deadlines.token_gap_s) is not None:
+            request = dataclasses.replace(request,
+                                          progress_interval_s=gap / PROGRESS_PER_GAP)
         if path == "disaggregated" and not self._prefill_breaker.allows(start):
             logger.info("request %s: the prefill pool failed moments ago; the decode "
                         "engine prefills it", request.request_id)
@@ -206,6 +212,8 @@ class DisaggregatedFlow:
                 while not finished:
                     output = await _within(anext(stream), self._capped(timeout, start))
                     timeout = self._deadlines.token_gap_s
+                    if isinstance(output, Progress):  # a one-piece answer on its way
+                        continue
                     _refuse_engine_end(output)
                     finished = output.finished
                     if output.outputs:
@@ -306,8 +314,8 @@ class DisaggregatedFlow:
 
     def _first_output_deadline(self, request: EngineRequest, one_piece: bool) -> float | None:
         first, gap = self._deadlines.first_token_s, self._deadlines.token_gap_s
-        if not one_piece or first is None:
-            return first
+        if not one_piece or first is None or request.progress_interval_s is not None:
+            return first  # a one-piece answer's replica sends Progress while it works
         # The one output comes when the whole answer is done: every token's gap counts.
         return None if gap is None else first + gap * request.sampling.max_tokens
 

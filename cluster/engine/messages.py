@@ -45,6 +45,18 @@ class EngineRequest:
     # that no other tenant's prompt hits them and learns from ``cached_tokens`` what this
     # one sent. None: the cache is shared (router.auth.shared_prefix_cache, or no key).
     cache_salt: str | None = None
+    # An answer sent in one piece (a unary request's: vLLM returns it whole): its decode
+    # replica sends a ``Progress`` at most this often while its engine steps, so that the
+    # router's gap deadline bounds the wait instead of one covering the whole generation.
+    # None: no sign of life (a stream, whose tokens are one).
+    progress_interval_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A decode replica's sign of life on a one-piece answer: its engine stepped within
+    the last ``progress_interval_s``. The router counts it against its gap deadline and
+    passes nothing on."""
 
 
 @dataclass(frozen=True)

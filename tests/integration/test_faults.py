@@ -404,6 +404,37 @@ def test_a_hung_decode_engine_is_left_behind_at_its_deadline_then_replaced(clust
     wait_until_whole(cluster)
 
 
+def test_a_unary_answer_whose_engine_hangs_runs_again_at_its_gap_deadline(cluster):
+    """vLLM returns a unary answer whole; its decode replica sends the router a sign of
+    life while its engine steps (decode/progress.py). The engine computing one is
+    SIGSTOPped: the signs stop, and once ``router.deadlines.token_gap_s`` (10 s) passed
+    the router runs the request again on the other replica and answers it in full (before:
+    its only deadline covered every token, ``first_token_s + token_gap_s * max_tokens``).
+    The stopped engine is resumed: it aborts the abandoned attempt and holds nothing."""
+    prompt = unique_prompt(20)
+    wait_for(engines_quiet(), "every engine idle", RECOVERY_S)
+    expected = complete(cluster, prompt, max_tokens=400, ignore_eos=True).json()[
+        "choices"][0]["token_ids"]
+    before = retried("decode", "decode_local", "deadline")
+    answer = Background(lambda: complete(cluster, prompt, max_tokens=400, ignore_eos=True))
+    _, cores = computing("decode")
+    try:
+        for core in cores:
+            core.suspend()  # SIGSTOP: alive, answering nothing
+        injected()
+        response = answer.result()
+    finally:
+        for core in cores:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                core.resume()
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["token_ids"] == expected
+    counted("decode", "decode_local", "deadline", before + 1)
+    assert not gone([core.pid for core in cores]), "the resumed engine was replaced"
+    nothing_leaked(cluster)
+    wait_until_whole(cluster)
+
+
 def test_decode_replicas_killed_before_the_first_token_answer_in_full(cluster):
     """Both decode engines are stopped, so a prefilled request waits in one of them for its
     first token; then both decode replicas are killed. The decode call fails before

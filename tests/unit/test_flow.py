@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from cluster.config import Deadlines
-from cluster.engine.messages import EngineCrashed, EngineRequest, PrefillResult
+from cluster.engine.messages import EngineCrashed, EngineRequest, PrefillResult, Progress
 from kv_transfer.handle import KVHandle
 from router import flow as flow_module
 from router.errors import APIError
@@ -530,11 +530,40 @@ def test_a_prefill_retried_after_its_deadline_keeps_off_the_hung_replica():
     assert decode.generate.calls[0][0].avoid_replicas == ()   # prefill replicas only
 
 
-def test_a_unary_answer_is_given_the_whole_generation_to_arrive():
+def test_a_one_piece_answer_is_held_to_the_gap_deadline_by_its_replicas_progress():
+    """vLLM returns a unary answer whole: its decode replica sends a Progress while its
+    engine works (decode/progress.py), three per gap deadline, and the router passes
+    none of them on."""
+    answer = output(2, last=True)
+    decode = FakeDecode(FakeStream([Progress(), Progress(), answer]))
+    flow, noted = retrying(FakePrefill(PrefillResult(KV, 4)), decode,
+                           first_token_s=2, token_gap_s=0.6)
+    received = asyncio.run(_collect_one_piece(flow))
+    assert received == [answer] and noted == []
+    (sent, _), = decode.generate.calls
+    assert sent.progress_interval_s == pytest.approx(0.2)
+    assert flow._first_output_deadline(sent, one_piece=True) == 2
+
+
+def test_a_one_piece_answer_whose_progress_stops_passes_its_gap_deadline_and_runs_again():
+    hung = FakeStream([Progress()], then="block")     # its engine stopped stepping
+    answer = output(2, last=True)
+    decode = Replicas(hung, FakeStream([answer]))
+    flow, noted = retrying(FakePrefill(PrefillResult(KV, 4)), decode,
+                           first_token_s=30, token_gap_s=0.05)
+    assert asyncio.run(_collect_one_piece(flow)) == [answer]
+    assert hung.cancelled and noted == [("decode", "deadline", "decode_local")]
+
+
+def test_without_a_gap_deadline_a_one_piece_answer_has_no_progress_and_its_first_deadline():
     flow, _ = retrying(FakePrefill(PrefillResult(KV, 4)), FakeDecode(FakeStream([])),
-                       first_token_s=2, token_gap_s=0.5)
-    assert flow._first_output_deadline(REQUEST, one_piece=True) == 2 + 0.5 * 3
+                       first_token_s=2)
+    assert flow._first_output_deadline(REQUEST, one_piece=True) is None
     assert flow._first_output_deadline(REQUEST, one_piece=False) == 2
+
+
+async def _collect_one_piece(flow: DisaggregatedFlow) -> list[Output]:
+    return [item async for item in flow.generate(REQUEST, "decode_local", one_piece=True)]
 
 
 def test_when_every_attempt_failed_the_failure_reaches_the_caller():
