@@ -367,8 +367,8 @@ def _refuse_engine_end(output: Any) -> None:
 def continuation(request: EngineRequest, sent: list[int], attempt: int) -> EngineRequest:
     """``request`` to run again after ``attempt`` failed: the tokens already ``sent``
     appended to its prompt, and what is left of its token limits. Exact for greedy
-    decoding; a seeded request goes on with its seed from this point, so its text differs
-    from an unfaulted run's after it (still a sample of the same distribution)."""
+    decoding; unseeded random sampling goes on from this point (as right a sample as the
+    first); what it cannot reproduce is never continued (``continuation_differs``)."""
     sampling = copy.copy(request.sampling)
     sampling.max_tokens = request.sampling.max_tokens - len(sent)
     if getattr(sampling, "min_tokens", 0):

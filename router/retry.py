@@ -39,16 +39,25 @@ def quarantines(failure: Failure, crashes_before: int) -> bool:
     return failure == "crashed" or (failure == "crashed_shared" and crashes_before > 0)
 
 
+# vLLM samples greedily below this temperature (its _SAMPLING_EPS): a seed then changes
+# nothing.
+GREEDY_BELOW = 1e-5
+
+
 def continuation_differs(sampling: Any) -> str | None:
     """Why a continuation (the tokens sent appended to the prompt, router/flow.py) of a
     request sampled with ``sampling`` (vLLM's ``SamplingParams``, read by attribute) would
-    not give what an unfaulted run gives; None when it would (for a greedy request)."""
+    not give what an unfaulted run gives; None when it would (greedy, or random without a
+    seed: any sample of the same distribution is as right as the unfaulted one)."""
     if getattr(sampling, "structured_outputs", None) is not None:
         return "its grammar would start again from its first state"
     if getattr(sampling, "presence_penalty", 0) or getattr(sampling, "frequency_penalty", 0):
         return "presence and frequency penalties count only the continuation's own tokens"
     if getattr(sampling, "bad_words", None):
         return "a bad word across the cut would not be seen"
+    if (getattr(sampling, "seed", None) is not None
+            and getattr(sampling, "temperature", 1.0) >= GREEDY_BELOW):
+        return "a seeded sample's random sequence would start again from its seed"
     stop = getattr(sampling, "stop", None) or []
     if (not getattr(sampling, "include_stop_str_in_output", False)
             and max(map(len, stop), default=0) > 1):

@@ -135,6 +135,7 @@ def test_deaths_the_request_did_not_cause_are_retried_after_a_crash_too():
     ({"bad_words": ["no"]}, "bad word"),
     ({"stop": ["END"]}, "held back"),
     ({"stop": ["x", "two"]}, "held back"),
+    ({"seed": 5, "temperature": 1.0}, "seed"),
 ])
 def test_a_continuation_that_would_differ_from_the_unfaulted_answer_says_why(sampling, why):
     assert why in continuation_differs(SimpleNamespace(**sampling))
@@ -145,6 +146,8 @@ def test_a_continuation_that_would_differ_from_the_unfaulted_answer_says_why(sam
     {"repetition_penalty": 1.3},  # vLLM counts the prompt too: the sent tokens still count
     {"stop": ["\n", "."]},         # one character: nothing is held back
     {"stop": ["END"], "include_stop_str_in_output": True},
+    {"seed": 5, "temperature": 0.0},   # greedy: the seed draws nothing
+    {"temperature": 0.8},              # unseeded: any sample is as right as the first
 ])
 def test_a_continuation_that_gives_the_unfaulted_answer_is_allowed(sampling):
     assert continuation_differs(SimpleNamespace(**sampling)) is None
