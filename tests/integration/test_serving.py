@@ -135,6 +135,15 @@ BAD_REQUESTS = [
     ("/v1/completions", {"model": MODEL, "prompt": "x", "seed": 2**64}, 400, VLLM),
     ("/v1/completions", {"model": MODEL, "prompt": "x" * (3 << 20)}, 413,
      ("request_too_large", None)),
+    # What the engines' own input checks refuse, refused by the router before an engine
+    # holds the request (router/vllm_frontend.py): once refused by an engine, such a
+    # request left its stall clock running, and a healthy engine was killed a minute later.
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "allowed_token_ids": [999_999]}, 400,
+     VLLM),
+    ("/v1/completions", {"model": MODEL, "prompt": "long " * 60, "logit_bias": {"999999": 5}},
+     400, VLLM),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": 100_000}, 400, VLLM),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 10**9}, 400, VLLM),
 ]
 
 
@@ -142,6 +151,8 @@ BAD_REQUESTS = [
 def test_bad_input_gets_an_openai_error_and_the_service_keeps_serving(
     pdserve, path, body, status, ours
 ):
+    cores_before = engine_cores()
+    assert cores_before, "no EngineCore found"
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
     response = httpx.post(f"{pdserve}{path}", content=content,
                           headers={"content-type": "application/json", **AUTH}, timeout=60)
@@ -153,6 +164,14 @@ def test_bad_input_gets_an_openai_error_and_the_service_keeps_serving(
     assert error["message"] and error["type"] and "Traceback" not in response.text
     healthy = generate(pdserve, "completion", MODEL, "still there?", stream=False, max_tokens=4)
     assert healthy.status == 200 and healthy.usage["completion_tokens"] >= 1
+    # No engine was restarted, and none is left with its stall clock running (which would
+    # have its health check kill it once engine.stall_timeout_s passed).
+    assert engine_cores() == cores_before, "an engine was replaced"
+    wait_for(lambda: all(pool["engine_stalled_s"] == 0
+                         for pool in engine_stats(pdserve).values()),
+             "both engines' stall readings back to 0", 10,
+             lambda: {pool: stats["engine_stalled_s"]
+                      for pool, stats in engine_stats(pdserve).items()})
 
 
 @pytest.mark.parametrize("prompt", ["short: decode-local", "long " * 60], ids=["local", "pd"])
@@ -312,9 +331,14 @@ def chunked_prompt(tag: str) -> str:
 
 def decode_engine_cores() -> set[int]:
     """The EngineCore processes of the primary version's decode replicas."""
+    return engine_cores(pools=("decode",))
+
+
+def engine_cores(pools=("prefill", "decode")) -> set[int]:
+    """The EngineCore processes of the primary version's replicas of ``pools``."""
     cores = set()
     for process in psutil.process_iter(["name"]):
-        if is_replica(process, f"decode-{CONFIG.model.version}"):
+        if any(is_replica(process, f"{pool}-{CONFIG.model.version}") for pool in pools):
             with contextlib.suppress(psutil.NoSuchProcess):
                 cores.update(child.pid for child in process.children()
                              if is_spawned_as(child, "VLLM::EngineCore"))
