@@ -233,7 +233,8 @@ def _start_ray(config: PDServeConfig) -> None:
 
     os.environ.update(node_env(config.router.transport, config.router.ingress,
                                config.router.haproxy, _haproxy_command(config),
-                               os.environ.get(HAPROXY_BINARY_ENV)))
+                               os.environ.get(HAPROXY_BINARY_ENV),
+                               config.router.deadlines.client_read_s))
     ray.init(
         num_cpus=config.ray.num_cpus,
         include_dashboard=False,

@@ -19,6 +19,10 @@ PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
 PROXY_CALLBACK = "router.proxy_edge:proxy_middlewares"
 
 
+# The proxy middleware's deadline on a client's reading, in seconds (router/proxy_edge.py).
+CLIENT_READ_ENV = "PDSERVE_CLIENT_READ_S"
+
+
 def proxy_env() -> dict[str, str]:
     """The environment a Ray node's processes need for Serve's proxy to load the
     middleware (set before the node starts: the proxy reads it once, at import)."""
@@ -63,7 +67,8 @@ DIRECT_INGRESS_DRAIN_ENV = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"
 def node_env(transport: str, ingress: str = "proxy",
              haproxy: HAProxyConfig | None = None,
              haproxy_command: str | None = None,
-             operators_haproxy: str | None = None) -> dict[str, str]:
+             operators_haproxy: str | None = None,
+             client_read_s: float | None = None) -> dict[str, str]:
     """The variables a node's processes need: the proxy's middleware always, those of
     Serve's gRPC data plane when ``transport`` (``router.transport``) is "grpc", and
     HAProxy's direct ingress when ``ingress`` (``router.ingress``) is "haproxy", with
@@ -71,8 +76,12 @@ def node_env(transport: str, ingress: str = "proxy",
     Ray's defaults when None) and, given its
     path on the node, ``pdserve-haproxy`` as the binary Ray starts (HAProxy behind
     pdserve's error page: router/haproxy_edge.py), which then starts
-    ``operators_haproxy`` (what the operator had set Ray's variable to) if given."""
+    ``operators_haproxy`` (what the operator had set Ray's variable to) if given.
+    ``client_read_s`` (``router.deadlines.client_read_s``) is the proxy middleware's
+    deadline on a client's reading; None leaves the middleware's default."""
     env = proxy_env()
+    if client_read_s is not None:
+        env[CLIENT_READ_ENV] = str(client_read_s)
     if transport == "grpc":
         env.update(GRPC_DATA_PLANE_ENV)
     if ingress == "haproxy":

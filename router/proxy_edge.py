@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
 from typing import Any
 
+from cluster.serve_env import CLIENT_READ_ENV
 from router.limits import declared_length
+
+logger = logging.getLogger(__name__)
 
 _TYPE_BY_STATUS = {408: "timeout", 429: "rate_limit_exceeded", 500: "internal_error",
                    503: "service_unavailable"}
@@ -36,6 +41,10 @@ PRELOAD_MAX_BYTES = 1 << 20
 # sends its body with its headers; a slow upload is read by the router under the
 # request's own timeouts, not held here where none applies.
 PRELOAD_WAIT_S = 0.5
+# How long a client may leave a chunk of its answer unread before it is taken for gone
+# (router.deadlines.client_read_s, through CLIENT_READ_ENV): its events would otherwise
+# pile up in the proxy, and its request hold an engine, for a reader that never comes.
+CLIENT_READ_S = 60.0
 
 
 def proxy_middlewares() -> list[Any]:
@@ -77,11 +86,20 @@ def _json_start(status: int, body: bytes, headers: list | None = None) -> dict[s
                         (b"content-length", str(len(body)).encode())]}
 
 
+def client_read_s(env: dict[str, str]) -> float | None:
+    """The deadline on a client's reading that ``env`` sets (None: none)."""
+    value = env.get(CLIENT_READ_ENV)
+    if value is None:
+        return CLIENT_READ_S
+    return None if value.lower() in ("", "none", "0") else float(value)
+
+
 class ProxyEdge:
     """ASGI middleware around Serve's proxy app (see the module docstring)."""
 
-    def __init__(self, app: Any):
+    def __init__(self, app: Any, read_s: float | None = None):
         self.app = app
+        self.read_s = read_s if read_s is not None else client_read_s(dict(os.environ))
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -90,8 +108,8 @@ class ProxyEdge:
         scope = without_proxy_hints(scope)
         if scope.get("method") == "POST":
             scope, receive = await preload_body(scope, receive)
-        relay = _Relay(send)
-        await self.app(scope, receive, relay.send)
+        relay = _Relay(send, self.read_s)
+        await self.app(scope, relay.receive_from(receive), relay.send)
         await relay.finish()
 
 
@@ -187,17 +205,44 @@ def _after_body(body: bytes, receive: Any) -> Any:
 
 
 class _Relay:
-    """Forwards one response's messages, holding back a plain-text error to rewrite it."""
+    """Forwards one response's messages, holding back a plain-text error to rewrite it.
 
-    def __init__(self, send: Any):
+    A body chunk the client does not take within ``read_s`` (its connection's buffers
+    full: it stopped reading) makes the client gone: the app's receive then says the
+    client disconnected, which Serve's proxy answers by cancelling the request, and what
+    the app still sends is dropped."""
+
+    def __init__(self, send: Any, read_s: float | None = None):
         self._send = send
+        self._read_s = read_s
+        self._gone = asyncio.Event()
         self._started = False
         self._complete = False
         self._streaming = False
         self._held_start: dict[str, Any] | None = None
         self._held_text = b""
 
+    def receive_from(self, receive: Any) -> Any:
+        """``receive``, or the client's disconnect once it is taken for gone."""
+        async def receive_or_gone() -> dict[str, Any]:
+            if self._gone.is_set():
+                return {"type": "http.disconnect"}
+            message = asyncio.ensure_future(receive())
+            gone = asyncio.ensure_future(self._gone.wait())
+            try:
+                await asyncio.wait({message, gone}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                gone.cancel()
+                if not message.done():
+                    message.cancel()
+            if message.done() and not message.cancelled():
+                return message.result()
+            return {"type": "http.disconnect"}
+        return receive_or_gone
+
     async def send(self, message: dict[str, Any]) -> None:
+        if self._gone.is_set():
+            return  # nobody reads it
         if message["type"] == "http.response.start":
             self._started = True
             if is_plain_error(message):
@@ -212,7 +257,22 @@ class _Relay:
                 if self._complete:
                     await self._send_rewritten()
                 return
+            await self._send_read(message)
+            return
         await self._send(message)
+
+    async def _send_read(self, message: dict[str, Any]) -> None:
+        """Send a body chunk, within ``read_s`` of the client taking it."""
+        if self._read_s is None:
+            await self._send(message)
+            return
+        try:
+            async with asyncio.timeout(self._read_s):
+                await self._send(message)
+        except TimeoutError:
+            logger.warning("a client left its answer unread for %.0f s: taken for gone, "
+                           "its request ended", self._read_s)
+            self._gone.set()
 
     async def _send_rewritten(self) -> None:
         start, text = self._held_start, self._held_text.decode(errors="replace").strip()
@@ -222,6 +282,8 @@ class _Relay:
 
     async def finish(self) -> None:
         """After the app returned: answer what it left unanswered or unfinished."""
+        if self._gone.is_set():
+            return
         if self._held_start is not None and not self._complete:
             await self._send_rewritten()
         elif not self._started:

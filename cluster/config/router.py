@@ -136,6 +136,12 @@ class Deadlines(StrictModel):
         30, gt=0, description="a request's body, from the router taking the request to the "
         "body's last byte: a client that uploads slower is answered 408 (a slow upload "
         "holds one of the router replica's max_ongoing_requests meanwhile)")
+    client_read_s: float | None = Field(
+        60, gt=0, description="a client that stops reading its answer for this long is "
+        "taken for gone, as one that disconnected: Serve's proxy ends the request (its "
+        "engine work and admission ticket freed) instead of holding its events for a "
+        "reader that never comes. Applied by pdserve's middleware in Serve's proxy (the "
+        "proxy ingress; the variable PDSERVE_CLIENT_READ_S on a node started by hand)")
     request_s: float | None = Field(
         None, gt=0, description="a whole request, from the router taking it to its last "
         "output, retries included; when it passes nothing is retried (None: no limit, each "

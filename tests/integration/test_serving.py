@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import http.client
 import json
+import socket
 import time
 
 import httpx
@@ -22,7 +23,7 @@ from tests.integration.conftest import (
     wait_for,
     wait_until_idle,
 )
-from tests.integration.openai_http import API_KEY, AUTH, generate
+from tests.integration.openai_http import ADMIN, API_KEY, AUTH, generate
 from tools.cluster_processes import is_spawned_as
 
 pytestmark = pytest.mark.integration
@@ -285,6 +286,37 @@ def test_client_disconnect_aborts_the_request_on_both_engines(pdserve, hint):
     # the router routes to every replica of each pool (what the fault suite waits for)
     assert {pool: stats[pool]["routed_replicas"] for pool in ("prefill", "decode")} == {
         "prefill": CONFIG.prefill.replicas, "decode": CONFIG.decode.replicas}
+
+
+MAX_UNREAD = 7500
+
+
+def test_a_client_that_stops_reading_is_taken_for_gone_and_its_request_ended(pdserve):
+    """A client that sends a stream request and then reads nothing (its receive window
+    a few KB): once a chunk waited router.deadlines.client_read_s (3 s here) for it,
+    Serve's proxy ends the request as if the client had left (router/proxy_edge.py),
+    instead of holding its events and an engine for a reader that never comes."""
+    before = wait_until_idle(pdserve)
+    # ~7 MB of events (20 logprobs a token): well past what the kernel and the proxy's
+    # transport buffer for a connection before its writes wait for the reader
+    body = json.dumps({"model": MODEL, "prompt": "never read " * 20, "max_tokens": MAX_UNREAD,
+                       "ignore_eos": True, "logprobs": 20, "stream": True}).encode()
+    host, port = CONFIG.router.host, CONFIG.router.port
+    with socket.socket() as client:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting
+        client.connect((host, port))
+        client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\n"
+                       b"Authorization: %s\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: %d\r\n\r\n%s" % (
+                           host.encode(), AUTH["Authorization"].encode(), len(body), body))
+        wait_for(lambda: engine_stats(pdserve)["decode"]["num_running"] == 1,
+                 "the stream running", 60)
+        # ended while the client is still connected, reading nothing
+        after = wait_until_idle(pdserve, timeout_s=90)
+    generated = after["decode"]["generation_tokens"] - before["decode"]["generation_tokens"]
+    assert 0 < generated < MAX_UNREAD, "the unread stream must stop generating"
+    admission = httpx.get(f"{pdserve}/admin/admission", headers=ADMIN, timeout=10).json()
+    assert (admission["running"], admission["tokens_in_flight"]) == (0, 0)
 
 
 def test_a_streamed_event_is_one_line_whatever_its_text_holds(pdserve):

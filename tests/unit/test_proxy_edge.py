@@ -273,3 +273,44 @@ def test_a_slow_upload_is_passed_on_without_waiting_for_its_body():
         return [await replay(), await replay(), await replay()]
 
     assert asyncio.run(scenario()) == [request(b"abc", more=True), request(b"def"), DISCONNECT]
+
+
+def test_a_client_that_stops_reading_is_taken_for_gone_and_its_request_ended():
+    """A chunk the client does not take within read_s: the proxy's app hears the client
+    disconnect (Serve's proxy then cancels the request) and what it sends after is
+    dropped; nothing is added at the end (no one would read it)."""
+    taken: list[dict] = []
+    heard: list[dict] = []
+
+    async def send(message):
+        if message["type"] == "http.response.body" and len(taken) > 1:
+            await asyncio.Event().wait()   # the client's buffers are full: never returns
+        taken.append(message)
+
+    async def receive():
+        await asyncio.Event().wait()       # a client that stays connected
+        return {}
+
+    async def proxy(scope, receive, send):  # Serve's proxy: a stream, and its watcher
+        watcher = asyncio.ensure_future(receive())
+        await send(start(200, b"text/event-stream"))
+        for index in range(3):
+            await send(body(b"data: %d\n\n" % index, more=True))
+        heard.append(await asyncio.wait_for(watcher, 5))
+
+    edge = ProxyEdge(proxy, read_s=0.05)
+    asyncio.run(asyncio.wait_for(edge({"type": "http", "method": "GET", "headers": []},
+                                      receive, send), 10))
+    assert heard == [{"type": "http.disconnect"}]
+    assert [m["type"] for m in taken] == ["http.response.start", "http.response.body"]
+
+
+def test_a_reading_client_meets_no_deadline_and_the_setting_comes_from_the_environment():
+    from router.proxy_edge import CLIENT_READ_S, client_read_s
+
+    sent = run(answering(start(200, b"text/event-stream"), body(b"data: 1\n\n", more=True),
+                         body(b"")))
+    assert [m.get("body") for m in sent[1:]] == [b"data: 1\n\n", b""]
+    assert client_read_s({}) == CLIENT_READ_S
+    assert client_read_s({"PDSERVE_CLIENT_READ_S": "12.5"}) == 12.5
+    assert client_read_s({"PDSERVE_CLIENT_READ_S": "none"}) is None
