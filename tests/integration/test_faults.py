@@ -413,10 +413,10 @@ def test_a_unary_answer_whose_engine_hangs_runs_again_at_its_gap_deadline(cluste
     The stopped engine is resumed: it aborts the abandoned attempt and holds nothing."""
     prompt = unique_prompt(20)
     wait_for(engines_quiet(), "every engine idle", RECOVERY_S)
-    expected = complete(cluster, prompt, max_tokens=400, ignore_eos=True).json()[
+    expected = complete(cluster, prompt, max_tokens=2000, ignore_eos=True).json()[
         "choices"][0]["token_ids"]
     before = retried("decode", "decode_local", "deadline")
-    answer = Background(lambda: complete(cluster, prompt, max_tokens=400, ignore_eos=True))
+    answer = Background(lambda: complete(cluster, prompt, max_tokens=2000, ignore_eos=True))
     _, cores = computing("decode")
     try:
         for core in cores:
