@@ -8,7 +8,7 @@ TEST_WORKERS ?= 2
 PARALLEL = -n $(TEST_WORKERS) --dist loadfile
 VENV := .venv
 
-.PHONY: setup run test test-multinode faults levers unit component lint model clean
+.PHONY: setup run test test-multinode faults levers soak unit component lint model clean
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -43,6 +43,12 @@ faults: setup
 # The cost levers' own cluster: quantized weights and an fp8 KV cache through the pools.
 levers: setup
 	$(VENV)/bin/python -m pytest -ra -m levers $(PYTEST_ARGS)
+
+# Steady mixed load while replicas and engines are killed and poison requests sent
+# (tools/soak/run.py; docs/reliability.md, "Soak"). Not part of `make test`.
+SOAK_MINUTES ?= 20
+soak: setup
+	$(VENV)/bin/python -m tools.soak.run --minutes $(SOAK_MINUTES) $(SOAK_ARGS)
 
 test-multinode: setup
 	$(VENV)/bin/python -m pytest -ra -s -m multinode $(PYTEST_ARGS)
