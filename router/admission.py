@@ -25,6 +25,11 @@ KEY_TENANT = "key:"  # a client key's prefix: the request carried an API key
 ANONYMOUS = "anonymous"  # the key of a request with neither an API key nor a user
 
 
+# A queue: a client key and whether it is the key's long lane. A pair, not a joined
+# string: a client's `user` may hold any character, and must never name another's lane.
+Queue = tuple[str, bool]
+
+
 def client_key(authorization: str | None, user: str | None) -> str:
     """Whose share of the queue a request uses: its API key, else its ``user``.
 
@@ -106,9 +111,9 @@ class AdmissionController:
         self._running_by_key: dict[str, int] = {}  # tokens each key's running requests hold
         # every waiter: (cost, since, queue); per queue a FIFO; queues with waiters take
         # turns. A queue is a key's short or long lane (see _queue_name).
-        self._waiting: OrderedDict[Ticket, tuple[int, float, str]] = OrderedDict()
-        self._queues: dict[str, deque[Ticket]] = {}
-        self._turns: deque[str] = deque()
+        self._waiting: OrderedDict[Ticket, tuple[int, float, Queue]] = OrderedDict()
+        self._queues: dict[Queue, deque[Ticket]] = {}
+        self._turns: deque[Queue] = deque()
 
     @property
     def queue_length(self) -> int:
@@ -226,7 +231,7 @@ class AdmissionController:
         if long:
             self.long_in_flight_tokens += cost
 
-    def _drop_key(self, key: str) -> None:
+    def _drop_key(self, key: Queue) -> None:
         del self._queues[key]
         self._turns.remove(key)
 
@@ -260,17 +265,14 @@ class AdmissionController:
         return admitted
 
 
-_LONG_LANE = "\x00long"  # cannot occur in a client key (they are hashes or user names)
+def _queue_name(key: str, long: bool) -> Queue:
+    return (key, long)
 
 
-def _queue_name(key: str, long: bool) -> str:
-    return key + _LONG_LANE if long else key
+def _is_long_lane(queue: Queue) -> bool:
+    return queue[1]
 
 
-def _is_long_lane(queue: str) -> bool:
-    return queue.endswith(_LONG_LANE)
-
-
-def _client_of(queue: str) -> str:
+def _client_of(queue: Queue) -> str:
     """The client key whose queue (either lane) this is."""
-    return queue.removesuffix(_LONG_LANE)
+    return queue[0]

@@ -352,3 +352,16 @@ def test_requests_without_an_identity_are_not_capped_by_a_share(key):
     gate = AdmissionController(SHARED)
     for ticket in range(1, 5):
         assert gate.request(ticket, 25, now=0, key=key).action == "admit"
+
+
+def test_a_user_name_cannot_name_another_clients_long_lane():
+    """Queues are (key, lane) pairs: a `user` ending in what a joined name would use for
+    the long lane queues as itself, not in the lane of the user it imitates."""
+    gate = AdmissionController(policy(token_budget=100, max_queue=10, max_wait_s=5,
+                                      max_queue_per_key=1, long_prompt_tokens=10,
+                                      long_lane_share=0.5))
+    assert gate.request(1, 100, now=0, key="user:a").action == "admit"      # budget full
+    assert gate.request(2, 10, now=0, key="user:a", long=True).action == "queue"
+    # its own short lane, not user:a's long one (whose share of the queue is used)
+    assert gate.request(3, 10, now=0, key="user:a\x00long").action == "queue"
+    assert gate.release(1) == [2, 3]
