@@ -34,6 +34,7 @@ from cluster.metrics import outcome_for_status
 from router.admission import client_key
 from router.admission_gate import AdmissionGate
 from router.auth import admin_access, bearer_token, configured_keys, is_authorized
+from router.calls import answer_within
 from router.canary_rollout import RolloutClient
 from router.decode_prefixes import DecodeCacheLink
 from router.errors import (
@@ -57,6 +58,7 @@ from router.protocol import refuse_not_honoured
 from router.proxy_edge import PreloadedBody
 from router.response_cache import cache_store
 from router.retry import RetryPolicy
+from router.shared_check import SharedCheck
 from router.sse import line_safe
 from router.timing_metrics import RequestObserver, count_refusal, retry_counter
 from router.transport import engine_handle
@@ -75,6 +77,10 @@ app = FastAPI(title="pdserve", docs_url=None, redoc_url=None)
 app.add_middleware(PreloadedBody)  # a body sent ahead in the scope, see its docstring
 # What vLLM's exception handlers, which the router reuses, read of their app.
 app.state.args = SimpleNamespace(log_error_stack=False)
+
+# /health: how long it waits for each pool, and how long its answer serves later probes.
+HEALTH_WAIT_S = 5.0
+HEALTH_FRESH_S = 1.0
 
 Kind = Literal["chat", "completion"]
 # vLLM's id prefixes: its answers are "chatcmpl-<id>" and "cmpl-<id>".
@@ -208,6 +214,7 @@ class Router:
             rollout, config.served_models,
             config.canary.served_model if config.canary is not None else None)
         self._gate = AdmissionGate(config.router.admission)
+        self._health = SharedCheck(self._pools_down, fresh_s=HEALTH_FRESH_S)
         self._api_keys, self._admin_keys = configured_keys(config.router.auth, os.environ)
         self._random = random.Random()
         self._created = int(time.time())
@@ -225,20 +232,28 @@ class Router:
     @app.get("/health")
     async def health(self) -> JSONResponse:
         """200 when every pool of every version answers; else 503 naming those that do
-        not (no replica, or none answering within 5 s)."""
-        checks = {f"{role}-{name}": asyncio.ensure_future(
-                      version.client.flow.pool_answers(role))
-                  for name, version in self._versions.items()
-                  for role in ("prefill", "decode")}
-        _, pending = await asyncio.wait(checks.values(), timeout=5)
-        for check in pending:
-            check.cancel()
-        down = sorted(pool for pool, check in checks.items()
-                      if check in pending or check.exception() is not None)
+        not (no replica, or none answering within 5 s). Probes at once share one check,
+        and its answer serves for a second (router/shared_check.py)."""
+        down = await self._health.result()
         if down:
             return error_response(service_unavailable(
                 f"no engine replica answers in: {', '.join(down)}", 5))
         return JSONResponse({"status": "ok"})
+
+    async def _pools_down(self) -> list[str]:
+        """The pools none of whose replicas answers within HEALTH_WAIT_S."""
+        async def answers(flow, role: str) -> bool:
+            try:  # never cancelled: router/calls.py
+                await answer_within(flow.pool_answers(role), HEALTH_WAIT_S)
+                return True
+            except Exception:
+                return False
+
+        pools = [(f"{role}-{name}", version.client.flow, role)
+                 for name, version in self._versions.items()
+                 for role in ("prefill", "decode")]
+        up = await asyncio.gather(*(answers(flow, role) for _, flow, role in pools))
+        return sorted(pool for (pool, _, _), ok in zip(pools, up, strict=True) if not ok)
 
     @app.get("/v1/models")
     async def models(self, request: Request) -> JSONResponse:
