@@ -97,12 +97,25 @@ def admin_key_required() -> APIError:
                     "permission_error", None, "admin_key_required")
 
 
-def quarantined(request_id: str) -> APIError:
+class Quarantined(APIError):
     """A request an engine died of, as far as pdserve can tell (router/retry.py,
     ``quarantines``): it is not sent to another engine, which it might kill too."""
-    return APIError(
+
+
+def quarantined(request_id: str) -> Quarantined:
+    return Quarantined(
         500, f"Request {request_id} was not retried: a model engine failed while running "
         "it, and it could fail the next one too. Report it with this id; changing the "
+        "request (its length, its sampling parameters) may avoid the failure.",
+        "internal_error", None, "internal_error",
+    )
+
+
+def quarantined_before(request_id: str) -> Quarantined:
+    """A resend of a request quarantined moments ago (router/quarantine_memory.py)."""
+    return Quarantined(
+        500, f"Request {request_id} was not run: the same request made a model engine "
+        "fail moments ago, and sending it again would fail the next one. Changing the "
         "request (its length, its sampling parameters) may avoid the failure.",
         "internal_error", None, "internal_error",
     )

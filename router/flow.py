@@ -21,7 +21,8 @@ from cluster.engine.messages import EngineRequest, PrefillResult, Progress
 from router.calls import answer_within
 from router.decode_prefixes import DecodeCacheLink
 from router.disaggregation import Route
-from router.errors import quarantined, service_unavailable
+from router.errors import Quarantined, quarantined, quarantined_before, service_unavailable
+from router.quarantine_memory import QuarantineMemory, fingerprint
 from router.retry import (
     CRASHES,
     RETRYABLE,
@@ -105,6 +106,7 @@ class DisaggregatedFlow:
         self._classify = classify or _failure_kind
         self._clock = clock
         self._on_retry = on_retry or (lambda stage, failure, action, request_id: None)
+        self._quarantine = QuarantineMemory()  # what was quarantined, to refuse resends
         self._releases: set[asyncio.Future] = set()
         self._prefill_breaker = PoolBreaker(self._retry.prefill_cooldown_s)
         self._caller = caller
@@ -120,14 +122,33 @@ class DisaggregatedFlow:
 
         On the ``decode_local`` path the decode engine prefills the prompt itself.
         ``one_piece``: the decode engine sends the whole answer as one output (a unary
-        request), so the deadline for it covers the whole generation. ``on_prefilled`` is
-        called when the prefill stage is over (a timing mark).
+        request), with a ``Progress`` while it works (decode/progress.py). ``on_prefilled``
+        is called when the prefill stage is over (a timing mark). A request quarantined
+        moments ago is refused before any engine sees it (router/quarantine_memory.py).
 
         If the consumer stops early (client disconnect → cancellation or ``aclose``),
         the decode stream is cancelled, which aborts the request in the decode engine;
         the engine's connector then releases the prompt's blocks on the prefill side.
         """
         start = self._clock()
+        # Fingerprinted only while something is remembered: almost never.
+        if self._quarantine and self._quarantine.holds(
+                fingerprint(request.prompt_token_ids, request.sampling), start):
+            logger.warning("request %s refused: the same request made an engine fail "
+                           "moments ago (quarantined)", request.request_id)
+            self._on_retry("decode", "crashed", "refuse_resend", request.request_id)
+            raise quarantined_before(request.request_id)
+        try:
+            async for output in self._generate(request, path, start, one_piece, on_prefilled):
+                yield output
+        except Quarantined:
+            self._quarantine.remember(
+                fingerprint(request.prompt_token_ids, request.sampling), self._clock())
+            raise
+
+    async def _generate(self, request: EngineRequest, path: Route, start: float,
+                        one_piece: bool, on_prefilled: Callable[[], None]
+                        ) -> AsyncIterator[Any]:
         handle = None
         crashes = _Crashes()
         if self._caller is not None and request.caller is None:

@@ -770,15 +770,15 @@ def test_a_request_that_fails_its_engine_alone_is_answered_500_and_sent_to_no_ot
     counted, and never handed to the other decode engine, which lives on. Nothing of the
     crashed engine outlives it (its worker held the replica's NIXL side-channel port:
     cluster/engine/process_tree.py), and Serve's replacement replica comes up on that
-    port."""
+    port. Sent again, it is refused at once (router/quarantine_memory.py)."""
     wait_for(engines_quiet(), "every engine idle", RECOVERY_S)
     trees = {core.pid: [core.pid, *(p.pid for p in core.children(recursive=True))]
              for _, cores in replicas("decode") for core in cores}
     quarantined_before = retried("decode", "quarantine", "crashed")
     prompt = " ".join(f"p{uuid.uuid4().hex[:6]}" for _ in range(300))  # ~2,400 tokens
-    response = httpx.post(f"{cluster}/v1/completions", timeout=300, json={
-        "model": MODEL, "prompt": prompt, "temperature": 1.0, "seed": 5, "n": 2,
-        "max_tokens": 8, "ignore_eos": True})
+    body = {"model": MODEL, "prompt": prompt, "temperature": 1.0, "seed": 5, "n": 2,
+            "max_tokens": 8, "ignore_eos": True}
+    response = httpx.post(f"{cluster}/v1/completions", timeout=300, json=body)
     injected()
     assert response.status_code == 500, response.text
     error = response.json()["error"]
@@ -787,6 +787,10 @@ def test_a_request_that_fails_its_engine_alone_is_answered_500_and_sent_to_no_ot
     assert f'{response.headers["x-request-id"].split(",")[0]}-0 ' in error["message"]
     counted("decode", "quarantine", "crashed", quarantined_before + 1)
     assert retried("decode", None, "crashed_shared") == 0
+    # Sent again (as OpenAI's SDKs resend a 500): refused before any engine sees it.
+    resend = httpx.post(f"{cluster}/v1/completions", timeout=60, json=body)
+    assert resend.status_code == 500 and "was not run" in resend.json()["error"]["message"]
+    counted("decode", "refuse_resend", "crashed", 1)
     wait_for(lambda: sum(gone([core]) for core in trees) == 1, "the failed decode engine gone",
              60)
     crashed = next(tree for core, tree in trees.items() if gone([core]))

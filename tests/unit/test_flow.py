@@ -750,6 +750,28 @@ def test_a_request_alone_in_a_crashed_engine_is_answered_500_and_sent_nowhere_el
     assert noted == [("decode", "crashed", "quarantine")]
 
 
+def test_a_resend_of_a_quarantined_request_is_refused_before_any_engine_sees_it():
+    """OpenAI's SDKs resend a 500 twice by default: each resend would meet a fresh engine.
+    The same request (prompt and sampling) is answered at once; another one runs."""
+    crashed = CrashingStream(outputs(3)[:1], requests_in_engine=1)
+    decode = Replicas(crashed, FakeStream(outputs(3)), FakeStream(outputs(3)))
+    flow, noted = crash_aware(FakePrefill(PrefillResult(KV, 4)), decode)
+    with pytest.raises(APIError):
+        asyncio.run(collect(flow, "decode_local"))
+    resend = EngineRequest("req-again", REQUEST.prompt_token_ids, REQUEST.sampling)
+    with pytest.raises(APIError) as refused:
+        asyncio.run(_collect_request(flow, resend))
+    assert refused.value.status == 500 and "req-again" in refused.value.message
+    assert len(decode.generate.calls) == 1
+    assert noted[-1] == ("decode", "crashed", "refuse_resend")
+    other = EngineRequest("req-other", (*REQUEST.prompt_token_ids, 9), REQUEST.sampling)
+    assert asyncio.run(_collect_request(flow, other)) == outputs(3)
+
+
+async def _collect_request(flow: DisaggregatedFlow, request: EngineRequest) -> list[Output]:
+    return [item async for item in flow.generate(request, "decode_local")]
+
+
 def test_a_crash_among_others_is_retried_and_a_second_one_quarantines():
     first = CrashingStream(outputs(3)[:1], requests_in_engine=3)
     second = CrashingStream([], requests_in_engine=2)
