@@ -102,21 +102,14 @@ class Quarantined(APIError):
     ``quarantines``): it is not sent to another engine, which it might kill too."""
 
 
-def quarantined(request_id: str) -> Quarantined:
+def quarantined(request_id: str, resent: bool = False) -> Quarantined:
+    """The 500 of a quarantined request; ``resent``: of the same request sent again
+    moments later (router/quarantine_memory.py), refused before any engine saw it."""
+    why = ("was not run: the same request made a model engine fail moments ago, and "
+           "sending it again would fail the next one." if resent else
+           "was not retried: a model engine failed while running it, and it could fail "
+           "the next one too. Report it with this id.")
     return Quarantined(
-        500, f"Request {request_id} was not retried: a model engine failed while running "
-        "it, and it could fail the next one too. Report it with this id; changing the "
-        "request (its length, its sampling parameters) may avoid the failure.",
-        "internal_error", None, "internal_error",
-    )
-
-
-def quarantined_before(request_id: str) -> Quarantined:
-    """A resend of a request quarantined moments ago (router/quarantine_memory.py)."""
-    return Quarantined(
-        500, f"Request {request_id} was not run: the same request made a model engine "
-        "fail moments ago, and sending it again would fail the next one. Changing the "
-        "request (its length, its sampling parameters) may avoid the failure.",
-        "internal_error", None, "internal_error",
-    )
+        500, f"Request {request_id} {why} Changing the request (its length, its sampling "
+        "parameters) may avoid the failure.", "internal_error", None, "internal_error")
 

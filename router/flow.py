@@ -21,7 +21,7 @@ from cluster.engine.messages import EngineRequest, PrefillResult, Progress
 from router.calls import answer_within
 from router.decode_prefixes import DecodeCacheLink
 from router.disaggregation import Route
-from router.errors import Quarantined, quarantined, quarantined_before, service_unavailable
+from router.errors import Quarantined, quarantined, service_unavailable
 from router.quarantine_memory import QuarantineMemory, fingerprint
 from router.retry import (
     CRASHES,
@@ -137,7 +137,7 @@ class DisaggregatedFlow:
             logger.warning("request %s refused: the same request made an engine fail "
                            "moments ago (quarantined)", request.request_id)
             self._on_retry("decode", "crashed", "refuse_resend", request.request_id)
-            raise quarantined_before(request.request_id)
+            raise quarantined(request.request_id, resent=True)
         try:
             async for output in self._generate(request, path, start, one_piece, on_prefilled):
                 yield output
