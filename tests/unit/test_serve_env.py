@@ -47,9 +47,8 @@ def test_engine_handles_call_over_grpc_with_plain_pickle():
     assert handle.options_given == GRPC_OPTIONS
 
 
-def test_engine_handles_over_ray_are_left_as_they_are():
-    original = RecordingHandle()
-    assert engine_handle(original, "ray") is original
+def test_engine_handles_over_ray_keep_their_options():
+    assert engine_handle(RecordingHandle(), "ray").options_given == {}
 
 
 def test_serves_python_proxy_is_the_default_ingress():
