@@ -207,11 +207,16 @@ class EngineHost:
         own, None if a signal killed it (cluster/engine/death.py). Decided once, when the
         first of its requests sees the death (the count is taken then, before any of them
         has left)."""
+        crashed = self._judging_death()
+        return self._death[0] if await asyncio.shield(crashed) else None
+
+    def _judging_death(self) -> asyncio.Future[bool]:
+        """The judgement of the engine's death (``_died_of_own_error``), started by
+        whichever comes first: a request that sees it or the health check."""
         if self._death is None:
             self._death = (self._in_flight,
                            asyncio.ensure_future(self._died_of_own_error()))
-        held, crashed = self._death
-        return held if await asyncio.shield(crashed) else None
+        return self._death[1]
 
     async def _died_of_own_error(self) -> bool:
         processes = engine_processes(self._engine)
@@ -273,9 +278,12 @@ class EngineHost:
         """vLLM's check (the engine core died), and a hung engine: one that holds requests
         and has not stepped for ``engine.stall_timeout_s`` has its processes killed, so
         that its requests fail over at once and Serve replaces the replica. A dead
-        engine's leftover processes are killed first."""
+        engine's death is judged and its leftover processes killed first."""
         if self.engine_dead:
-            self._kill_leftovers()
+            # Judged first (its processes' exit statuses read: at most DEATH_EXIT_WAIT_S),
+            # then its leftovers killed: a core still exiting with its error, killed here,
+            # would read as killed from outside and its request be retried elsewhere.
+            await asyncio.shield(self._judging_death())
         if self._hung_killed:
             await self._engine.check_health()  # vLLM's monitor may not have seen it yet
             raise RuntimeError("engine hung and killed; waiting to be replaced")
