@@ -62,7 +62,8 @@ def host_over(core, steps: StepWatch, stall_timeout_s: float | None) -> EngineHo
     engine = types.SimpleNamespace(
         engine_core=types.SimpleNamespace(resources=types.SimpleNamespace(
             engine_manager=types.SimpleNamespace(processes=[core]))),
-        check_health=check_health, checked=checked)
+        check_health=check_health, checked=checked,
+        errored=False)  # AsyncLLM's: its core has not died (its stall is the replica's to find)
     return EngineHost(engine, EngineStats(role="decode", engine_id="e0"), steps=steps,
                       stall_timeout_s=stall_timeout_s)
 
