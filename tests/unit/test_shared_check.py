@@ -22,7 +22,7 @@ def test_probes_at_once_share_one_check_and_its_answer_serves_until_stale():
 
     async def check() -> list[str]:
         calls.append(clock.now)
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # a check that takes a turn of the loop
         return ["decode-v1"]
 
     async def probes() -> None:
@@ -39,17 +39,22 @@ def test_probes_at_once_share_one_check_and_its_answer_serves_until_stale():
 
 
 def test_a_probe_that_leaves_does_not_end_the_others_check():
-    async def check() -> str:
-        await asyncio.sleep(0.05)
-        return "ok"
-
     async def probes() -> None:
+        started, answer = asyncio.Event(), asyncio.Event()
+
+        async def check() -> str:
+            started.set()
+            await answer.wait()  # the pools answer only once the first probe has left
+            return "ok"
+
         shared = SharedCheck(check)
         leaving = asyncio.ensure_future(shared.result())
         staying = asyncio.ensure_future(shared.result())
-        await asyncio.sleep(0.01)
+        await asyncio.wait_for(started.wait(), 5)
         leaving.cancel()
-        assert await staying == "ok"
+        answer.set()
+        assert await asyncio.wait_for(staying, 5) == "ok"
+        assert leaving.cancelled()
 
     asyncio.run(probes())
 
