@@ -10,10 +10,15 @@ from decode.progress import with_progress
 INTERVAL_S = 0.05
 
 
-async def slow_answer(ended: list[str], after_s: float = 0.3):
-    """An engine's one output after ``after_s``; notes how it ended."""
+async def slow_answer(ended: list[str], after_s: float = 0.3,
+                      release: asyncio.Event | None = None):
+    """An engine's one output, once ``release`` is set (else after ``after_s``); notes
+    how it ended."""
     try:
-        await asyncio.sleep(after_s)
+        if release is not None:
+            await asyncio.wait_for(release.wait(), 10)
+        else:
+            await asyncio.sleep(after_s)
         yield "answer"
         ended.append("finished")
     except asyncio.CancelledError:
@@ -21,16 +26,23 @@ async def slow_answer(ended: list[str], after_s: float = 0.3):
         raise
 
 
-async def run(stalled_s: float) -> list:
+async def run(stalled_s: float, progress_before_answer: int | None = None) -> list:
+    """What ``with_progress`` yields; the answer comes once ``progress_before_answer``
+    signs of life arrived (None: after a fixed time, for an engine that sends none)."""
     ended: list[str] = []
-    items = [item async for item in with_progress(slow_answer(ended), INTERVAL_S,
-                                                  lambda: stalled_s)]
+    release = asyncio.Event() if progress_before_answer is not None else None
+    items = []
+    async for item in with_progress(slow_answer(ended, release=release), INTERVAL_S,
+                                    lambda: stalled_s):
+        items.append(item)
+        if release is not None and len(items) == progress_before_answer:
+            release.set()
     assert ended == ["finished"]
     return items
 
 
 def test_a_working_engine_sends_progress_until_its_answer_and_the_answer_itself():
-    items = asyncio.run(run(stalled_s=0.0))
+    items = asyncio.run(run(stalled_s=0.0, progress_before_answer=2))
     assert items[-1] == "answer" and len(items) >= 3
     assert all(isinstance(item, Progress) for item in items[:-1])
 
