@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import http.client
 import json
 import socket
@@ -19,12 +18,11 @@ from tests.integration.conftest import (
     CONFIG,
     MODEL,
     engine_stats,
-    is_replica,
     wait_for,
     wait_until_idle,
 )
 from tests.integration.openai_http import ADMIN, API_KEY, AUTH, generate
-from tools.cluster_processes import is_spawned_as
+from tools.cluster_processes import replicas
 
 pytestmark = pytest.mark.integration
 
@@ -368,13 +366,8 @@ def decode_engine_cores() -> set[int]:
 
 def engine_cores(pools=("prefill", "decode")) -> set[int]:
     """The EngineCore processes of the primary version's replicas of ``pools``."""
-    cores = set()
-    for process in psutil.process_iter(["name"]):
-        if any(is_replica(process, f"{pool}-{CONFIG.model.version}") for pool in pools):
-            with contextlib.suppress(psutil.NoSuchProcess):
-                cores.update(child.pid for child in process.children()
-                             if is_spawned_as(child, "VLLM::EngineCore"))
-    return cores
+    return {core.pid for pool in pools
+            for _, cores in replicas(f"{pool}-{CONFIG.model.version}") for core in cores}
 
 
 def test_a_seeded_poison_prompt_prefilled_in_chunks_answers_and_its_engine_lives(pdserve):
