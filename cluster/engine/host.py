@@ -153,6 +153,11 @@ class EngineHost:
         from vllm.inputs.engine import tokens_input
         from vllm.v1.engine.exceptions import EngineDeadError
 
+        if self.engine_dead:
+            # Arrived once its engine was dead: not one of the requests the engine died
+            # holding, so never blamed for (nor counted in) a death it cannot have caused;
+            # the router retries it elsewhere as after a kill.
+            raise EngineDeadError()
         # Already rendered, as vLLM's own server hands it over: AsyncLLM then queues it at
         # once. A raw TokensPrompt would first be rendered on a thread of AsyncLLM's pool,
         # a thread hop each way on every request (tools/experiments/engine_round_trip.py).

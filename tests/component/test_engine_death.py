@@ -53,6 +53,10 @@ class DyingEngine:
         self._core = core
         self._gone: asyncio.Future | None = None  # the core's exit, awaited once
 
+    @property
+    def errored(self) -> bool:  # as AsyncLLM's, once its output handler saw the core go
+        return self._core.exitcode is not None
+
     async def _core_exit(self, timeout_s: float) -> None:
         # By its exit status, not its sentinel (``join``): a worker forked under the core
         # inherits the sentinel's pipe and keeps it open after the core is gone.
@@ -117,6 +121,26 @@ def test_an_engine_that_died_of_its_own_error_tells_each_request_how_many_were_i
     assert {error.requests_in_engine for error in errors} == {count}
     assert engine._core.exitcode == 1
     assert host._in_flight == 0
+
+
+def test_a_request_that_arrives_once_its_engine_died_is_not_blamed_for_the_death():
+    """A request sent to a replica whose engine already died of an error (the poison that
+    ended it was answered moments before) fails as after a kill: the router retries it on
+    a live replica. Blamed as one of the crash's requests, an ordinary request was
+    quarantined and answered 500 while the replacement started."""
+    ready = CONTEXT.Event()
+    engine, host = dying_engine(_wait_then_crash, ready)
+    (poison,) = asyncio.run(_requests_in(host, engine, 1, ready.set))
+    assert isinstance(poison, EngineCrashed) and poison.requests_in_engine == 1
+
+    async def late() -> BaseException:
+        with pytest.raises(EngineDeadError) as raised:
+            async for _ in host.generate(request("late"), params=None):
+                pass
+        return raised.value
+
+    assert type(asyncio.run(late())) is EngineDeadError
+    assert engine.started == 1 and host._in_flight == 0
 
 
 def _wait_then_crash(ready) -> None:
