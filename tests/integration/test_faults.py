@@ -38,6 +38,7 @@ from tests.integration.conftest import (
     serving,
     wait_for,
 )
+from tests.integration.poisons import bad_requests, odd_but_valid
 from tests.integration.prometheus import by_process, scrape, settled_scrape, total
 from tools.cluster_processes import gone
 from tools.cluster_processes import replicas as cluster_replicas
@@ -857,3 +858,42 @@ def test_streams_a_continuation_cannot_reproduce_end_saying_so_without_internals
             assert 100 <= len(tokens) < len(expected) and tokens == expected[:len(tokens)]
     nothing_leaked(cluster, [core.pid for _, cores in pool for core in cores])
     wait_until_whole(cluster)
+
+
+def engine_processes() -> dict[str, set[int]]:
+    """Every EngineCore pid of both pools, by pool."""
+    return {pool: {core.pid for _, cores in replicas(pool) for core in cores}
+            for pool in ("prefill", "decode")}
+
+
+def test_the_poison_catalogue_is_refused_or_answered_and_restarts_no_engine(cluster):
+    """Every request of the poison catalogue (tests/integration/poisons.py: the bad
+    requests with their 4xx, then odd but valid ones answered 200) goes to a cluster of two
+    replicas per pool, where a request that failed its engine would be retried on the
+    other. None is answered 5xx. Then for 80 s, past ``engine.stall_timeout_s`` (60 s) and
+    a health check (10 s) after the last one, every engine process stays the one it was
+    before: none was killed, crashed or left with its stall clock running. (This cluster's
+    own real poison, a seeded prompt its decode engines prefill in chunks with vLLM's
+    rewind, is the quarantine test's; the main suite sends it to pdserve's seeded path.)"""
+    wait_for(engines_quiet(), "every engine idle", RECOVERY_S)
+    before = engine_processes()
+    assert all(len(pids) == 2 for pids in before.values()), before
+    retries_before = {pool: retried(pool, None) for pool in before}
+    for path, body, status, _ in bad_requests(MODEL):
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        response = httpx.post(f"{cluster}{path}", content=content, timeout=60,
+                              headers={"content-type": "application/json"})
+        assert response.status_code == status, (path, content[:200], response.text[:500])
+    for body in odd_but_valid(MODEL):
+        response = httpx.post(f"{cluster}/v1/completions", json=body, timeout=300)
+        assert response.status_code == 200, (body, response.text[:500])
+    watched_s = max(80.0, (CONFIG.engine.stall_timeout_s or 0) + 20)
+    deadline = time.monotonic() + watched_s
+    while time.monotonic() < deadline:  # fails at the first engine process that changed
+        assert engine_processes() == before, f"an engine was replaced: {before} -> " \
+            f"{engine_processes()}"
+        time.sleep(2)
+    assert all(stats["engine_stalled_s"] == 0 for stats in engine_stats(cluster).values())
+    assert {pool: retried(pool, None) for pool in before} == retries_before, \
+        "a request of the catalogue was sent to a second replica"
+    nothing_leaked(cluster)

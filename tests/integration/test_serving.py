@@ -22,6 +22,7 @@ from tests.integration.conftest import (
     wait_until_idle,
 )
 from tests.integration.openai_http import ADMIN, API_KEY, AUTH, generate
+from tests.integration.poisons import bad_requests
 from tools.cluster_processes import replicas
 
 pytestmark = pytest.mark.integration
@@ -83,70 +84,7 @@ def test_sixteen_concurrent_streams_complete_and_free_their_kv(pdserve):
     assert generated == sum(lengths)
 
 
-# pdserve's own refusals: (code, param) of its error; vLLM's: None (its shape, its status,
-# compared with vLLM's own server in test_openai_parity).
-VLLM = None
-BAD_REQUESTS = [
-    # (path, raw body, status, pdserve's (code, param) or VLLM)
-    ("/v1/completions", b'{"model": "tiny-llama", "prompt": ', 400, VLLM),
-    ("/v1/chat/completions", b"not json at all", 400, VLLM),
-    ("/v1/chat/completions", b"[" * 100_000 + b"]" * 100_000, 400, VLLM),
-    ("/v1/completions", {"model": MODEL}, 400, VLLM),
-    ("/v1/chat/completions", {"model": MODEL}, 400, VLLM),
-    ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": "ten"}, 400, VLLM),
-    ("/v1/chat/completions", {"model": MODEL, "messages": "hello"}, 400, VLLM),
-    ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 0}, 400, VLLM),
-    ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": -1}, 400, VLLM),
-    ("/v1/completions", {"model": MODEL, "prompt": "x" * 9000}, 400, VLLM),
-    ("/v1/completions", {"model": MODEL, "prompt": [5, 1_000_000]}, 400, VLLM),
-    ("/v1/completions", {"model": MODEL, "prompt": "x", "use_beam_search": True}, 400,
-     ("unsupported_parameter", "use_beam_search")),
-    # The KV connector's handshake is the engines' own: a client's never reaches one (it
-    # answered 500 from the decode replica before: a string where the connector wants a dict).
-    ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 2,
-                         "vllm_xargs": {"kv_transfer_params": "x"}}, 400,
-     ("unsupported_parameter", "vllm_xargs.kv_transfer_params")),
-    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
-                              "vllm_xargs": {"kv_transfer_params": {"do_remote_prefill": True}}},
-     400, ("unsupported_parameter", "vllm_xargs.kv_transfer_params")),
-    # A bounded n (router.limits.max_n), and a cost the whole admission budget could never
-    # run beside anything else (20,000 tokens in pdserve-test.yaml): refused, never admitted.
-    ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 4096, "max_tokens": 2000}, 400,
-     ("invalid_value", "n")),
-    ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 8, "max_tokens": 3000}, 400,
-     ("invalid_value", "max_tokens")),
-    ("/v1/chat/completions", {"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]},
-     404, (404, "model")),
-    ("/v1/embeddings", {"model": MODEL, "input": "x"}, 404, ("not_found", None)),
-    # Hostile input: refused before a tokenizer or an engine sees it (router/limits.py).
-    ("/v1/completions", {"model": MODEL, "prompt": "a\ud800"}, 400, ("invalid_value", "prompt")),
-    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "\udc00"}]},
-     400, ("invalid_value", "messages[0].content")),
-    ("/tokenize", {"model": MODEL, "prompt": "\ud800"}, 400, ("invalid_value", "prompt")),
-    ("/v1/completions", {"model": MODEL, "prompt": "x", "stop": ""}, 400,
-     ("invalid_value", "stop")),
-    ("/v1/completions", {"model": MODEL, "prompt": "x", "stop": ["ok", ""]}, 400,
-     ("invalid_value", "stop")),
-    ("/v1/completions", {"model": MODEL, "prompt": "x", "stop": "s" * 300}, 400,
-     ("invalid_value", "stop")),
-    ("/v1/completions", {"model": MODEL, "prompt": "x", "user": "u" * 300}, 400,
-     ("invalid_value", "user")),
-    ("/v1/completions", {"model": MODEL, "prompt": "x", "seed": 2**64}, 400, VLLM),
-    ("/v1/completions", {"model": MODEL, "prompt": "x" * (3 << 20)}, 413,
-     ("request_too_large", None)),
-    # What the engines' own input checks refuse, refused by the router before an engine
-    # holds the request (router/vllm_frontend.py): once refused by an engine, such a
-    # request left its stall clock running, and a healthy engine was killed a minute later.
-    ("/v1/completions", {"model": MODEL, "prompt": "x", "allowed_token_ids": [999_999]}, 400,
-     VLLM),
-    ("/v1/completions", {"model": MODEL, "prompt": "long " * 60, "logit_bias": {"999999": 5}},
-     400, VLLM),
-    ("/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": 100_000}, 400, VLLM),
-    ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 10**9}, 400, VLLM),
-]
-
-
-@pytest.mark.parametrize(("path", "body", "status", "ours"), BAD_REQUESTS)
+@pytest.mark.parametrize(("path", "body", "status", "ours"), bad_requests(MODEL))
 def test_bad_input_gets_an_openai_error_and_the_service_keeps_serving(
     pdserve, path, body, status, ours
 ):
@@ -246,6 +184,44 @@ def test_a_body_that_does_not_arrive_in_time_is_answered_408_at_its_deadline(pds
     assert waited >= deadline_s * 0.9  # not refused before the deadline
     healthy = generate(pdserve, "completion", MODEL, "still there?", stream=False, max_tokens=4)
     assert healthy.status == 200
+
+
+def test_one_keys_tokenize_calls_at_once_are_bounded_and_anothers_are_not(pdserve):
+    """``/tokenize`` takes no admission budget; one key may have
+    ``router.limits.max_tokenizing_per_key`` calls at once in a router replica, counted
+    from their headers (a slow upload is a call in progress). The next is 429 with
+    Retry-After, another key's call is answered, and once the held calls end (408 at
+    ``router.deadlines.body_s``) the first key's calls are answered again."""
+    limit = CONFIG.router.limits.max_tokenizing_per_key
+    host, port = pdserve.removeprefix("http://").split(":")
+    body = {"model": MODEL, "prompt": "count me"}
+
+    def tokenize(key: str) -> httpx.Response:
+        return httpx.post(f"{pdserve}/tokenize", json=body, timeout=30,
+                          headers={"Authorization": f"Bearer {key}"})
+
+    held = []
+    for _ in range(limit):
+        client = http.client.HTTPConnection(host, int(port), timeout=60)
+        client.putrequest("POST", "/tokenize")
+        for name, value in {**AUTH, "Content-Type": "application/json",
+                            "Content-Length": "1000"}.items():
+            client.putheader(name, value)
+        client.endheaders(message_body=b'{"model": "tiny-llama", "pro')
+        held.append(client)
+    try:
+        wait_for(lambda: tokenize(API_KEY).status_code == 429,
+                 f"a call past the key's {limit} held ones refused", 10)
+        refused = tokenize(API_KEY)
+        assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["code"] == "too_many_concurrent_calls"
+        assert tokenize("key-a").status_code == 200  # another key is not held back
+        for client in held:
+            assert client.getresponse().status == 408
+    finally:
+        for client in held:
+            client.close()
+    assert tokenize(API_KEY).status_code == 200  # each held call gave its place back
 
 
 @pytest.mark.parametrize("method, path, status", [
