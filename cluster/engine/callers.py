@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 logger = logging.getLogger(__name__)
@@ -73,16 +74,25 @@ class CallerWatch:
 
 
 class RayLiveness:
-    """Whether a named Ray actor is alive, by looking it up and pinging it."""
+    """Whether a named Ray actor is alive, by looking it up and pinging it. Remembers the
+    ``remembered`` callers seen last: router replicas come and go over weeks, and one whose
+    requests all ended is never asked about again (so never found dead and forgotten)."""
 
-    def __init__(self, timeout_s: float = 5.0):
+    def __init__(self, timeout_s: float = 5.0, remembered: int = 256):
         self._timeout_s = timeout_s
-        self._handles: dict[Caller, object] = {}  # resolved once, pinged after
-        self._warned: set[Caller] = set()
+        self._remembered = remembered
+        self._handles: OrderedDict[Caller, object] = OrderedDict()  # resolved once
+        self._warned: OrderedDict[Caller, None] = OrderedDict()
+
+    def _remember(self, seen: OrderedDict, caller: Caller, value: object) -> None:
+        seen[caller] = value
+        seen.move_to_end(caller)
+        while len(seen) > self._remembered:
+            seen.popitem(last=False)
 
     def _unresolved(self, caller: Caller) -> None:
         if caller not in self._warned:
-            self._warned.add(caller)
+            self._remember(self._warned, caller, None)
             logger.warning("caller %s/%s does not resolve to a Ray actor; its requests "
                            "are not watched", *caller)
 
@@ -100,7 +110,7 @@ class RayLiveness:
                 # wrong. Aborting on a wrong name would end every request, so: unknown.
                 self._unresolved(caller)
                 return None
-            self._handles[caller] = handle
+            self._remember(self._handles, caller, handle)
         try:
             # Every actor answers __ray_ready__, whatever its class; a dead one raises.
             async with asyncio.timeout(self._timeout_s):
