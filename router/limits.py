@@ -98,3 +98,29 @@ def _has_lone_surrogate(text: str) -> bool:
     except UnicodeEncodeError:
         return True
     return False
+
+
+class PerKeyConcurrency:
+    """At most ``limit`` calls of one client key at once (pure bookkeeping): what bounds
+    the calls no admission budget covers, such as ``/tokenize``, which costs the router
+    replica's CPU and would otherwise let one key's flood slow every key's requests."""
+
+    def __init__(self, limit: int):
+        self._limit = limit
+        self._running: dict[str, int] = {}
+
+    def enter(self, key: str) -> bool:
+        """Count a call of ``key`` in; False (nothing counted) once ``key`` is at its limit."""
+        running = self._running.get(key, 0)
+        if running >= self._limit:
+            return False
+        self._running[key] = running + 1
+        return True
+
+    def leave(self, key: str) -> None:
+        """A call ``enter`` let in has ended."""
+        running = self._running[key] - 1
+        if running:
+            self._running[key] = running
+        else:
+            del self._running[key]  # a key with nothing running costs no memory

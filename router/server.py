@@ -32,7 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from cluster.config import PDServeConfig
 from cluster.metrics import outcome_for_status
 from router.admission import client_key
-from router.admission_gate import AdmissionGate
+from router.admission_gate import AdmissionGate, overloaded
 from router.auth import admin_access, bearer_token, configured_keys, is_authorized
 from router.calls import answer_within
 from router.canary_rollout import RolloutClient
@@ -52,7 +52,12 @@ from router.errors import (
 from router.failures import error_response, failure_response, vllm_error_response
 from router.flow import DisaggregatedFlow, prepend
 from router.lifecycle import RequestLifecycle
-from router.limits import check_body, check_declared_size, check_received_size
+from router.limits import (
+    PerKeyConcurrency,
+    check_body,
+    check_declared_size,
+    check_received_size,
+)
 from router.pool_view import known_replicas, other_routers, routed_to
 from router.protocol import refuse_not_honoured
 from router.proxy_edge import PreloadedBody
@@ -192,6 +197,7 @@ class Router:
                                     for pool in ("prefill", "decode")}
                              for name in config.versions}
         self._cache_store = cache_store(config.router.response_cache)
+        self._tokenizing = PerKeyConcurrency(config.router.limits.max_tokenizing_per_key)
         caller = _this_actor()
         for name in config.versions:
             flow = DisaggregatedFlow(
@@ -477,17 +483,26 @@ class Router:
 
     async def _tokenization(self, request: Request, which: str) -> JSONResponse:
         self._authorize(request)
-        body = _parsed(which, await self._json_body(request))
-        if isinstance(body, JSONResponse):
-            return body
-        *_, frontend = self._choose_version(request, body.model, None)
-        handler = (frontend.tokenization.create_tokenize if which == "tokenize"
-                   else frontend.tokenization.create_detokenize)
+        # Counted from before the body is read: a slow upload is a call in progress too.
+        key = client_key(request.headers.get("authorization"), None)
+        if not self._tokenizing.enter(key):
+            raise overloaded(429, 1, f"too many /{which} calls of this client at once "
+                             "(router.limits.max_tokenizing_per_key); retry after a "
+                             "moment", "too_many_concurrent_calls")
         try:
-            result = await handler(body, None)
-        except Exception as error:
-            response = vllm_error_response(error)
-            if response is None:
-                raise
-            return response
+            body = _parsed(which, await self._json_body(request))
+            if isinstance(body, JSONResponse):
+                return body
+            *_, frontend = self._choose_version(request, body.model, None)
+            handler = (frontend.tokenization.create_tokenize if which == "tokenize"
+                       else frontend.tokenization.create_detokenize)
+            try:
+                result = await handler(body, None)
+            except Exception as error:
+                response = vllm_error_response(error)
+                if response is None:
+                    raise
+                return response
+        finally:
+            self._tokenizing.leave(key)
         return JSONResponse(result.model_dump(), status_code=_error_status(result) or 200)

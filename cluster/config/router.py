@@ -102,6 +102,11 @@ class RequestLimits(StrictModel):
         "is a sequence of its own in the decode engine (a slot of engine.max_num_seqs) and "
         "costs its max_tokens of admission budget (vLLM's own bound is 16,384)",
     )
+    max_tokenizing_per_key: int = Field(
+        4, ge=1, description="most /tokenize and /detokenize calls of one client key at once "
+        "in one router replica; more are answered 429 with Retry-After (they take no "
+        "admission budget, and would otherwise let one key spend the router's CPU)",
+    )
 
 
 class RetryConfig(StrictModel):

@@ -7,7 +7,12 @@ import json
 import pytest
 
 from router.errors import APIError
-from router.limits import check_body, check_declared_size, check_received_size
+from router.limits import (
+    PerKeyConcurrency,
+    check_body,
+    check_declared_size,
+    check_received_size,
+)
 
 LIMITS = {"max_stop_chars": 8, "max_user_chars": 5, "max_n": 4}
 
@@ -82,3 +87,16 @@ def test_a_deep_body_is_walked_without_recursion():
     for _ in range(50_000):
         data = [data]
     check_body({"prompt": data}, **LIMITS)
+
+
+def test_each_key_has_its_own_limit_of_calls_at_once():
+    calls = PerKeyConcurrency(2)
+    assert calls.enter("a") and calls.enter("a")
+    assert not calls.enter("a")  # refused, and not counted
+    assert calls.enter("b")  # another key is not held back by "a"
+    calls.leave("a")
+    assert calls.enter("a") and not calls.enter("a")
+    for key in ("a", "a", "b"):
+        calls.leave(key)
+    assert calls.enter("a") and calls.enter("a")  # nothing left counted against "a"
+    assert calls.enter("b") and calls.enter("b") and not calls.enter("b")
