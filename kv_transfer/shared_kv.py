@@ -348,6 +348,13 @@ def shared_memory_agent(base: type) -> type:
                 operation, local_xfer_side, local_indices, remote_xfer_side,
                 remote_indices, notif_msg, backends or [], skip_desc_merge)
 
+        def get_new_notifs(self):
+            # vLLM asks for notifications on every step of the engine, on the thread that
+            # copies: so a dead peer is unmapped even by an engine that READs nothing more
+            # from this host (decode-local traffic, its prefill pool scaled down).
+            self._forget_dead_peers()
+            return super().get_new_notifs()
+
         def _forget_dead_peers(self) -> None:
             """Unmap the memory of peers that have died, at most once per
             ``SWEEP_INTERVAL_S``: the mapping alone keeps a dead engine's whole cache in

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from kv_transfer import shared_kv
 from kv_transfer.shared_kv import (
     TRAILER_MAGIC,
     SharedKvAllocation,
@@ -76,6 +77,9 @@ class RecordingAgent:
 
     def release_xfer_handle(self, handle):
         return None
+
+    def get_new_notifs(self):
+        return {}
 
     def send_notif(self, agent, notif_msg):
         if self.fail_notifs:
@@ -254,3 +258,28 @@ def test_a_dead_owners_kv_is_not_read_and_its_memory_is_unmapped(owner):  # noqa
     assert not isinstance(after_death, SharedRead) and len(reader.nixl_reads) == 1
     assert read_only_kv_mappings() == mapped - 1
     assert reader.transfer(alive) == "ERR"  # made while it lived, run after: not copied
+
+
+def test_a_dead_owners_memory_is_unmapped_by_an_engine_that_reads_no_more(
+        owner, monkeypatch):  # noqa: F811
+    """A decode engine whose traffic no longer READs from this host (decode-local prompts,
+    its prefill replicas scaled down) still steps, and vLLM asks its agent for
+    notifications on every step: the dead prefill engine's cache is unmapped there too,
+    not kept resident until another READ."""
+    monkeypatch.setattr(shared_kv, "SWEEP_INTERVAL_S", 0.0)  # every step sweeps
+    info, process = owner
+    [segment] = info["segments"]
+    reader, peer, _local, local_side = reader_of(
+        b"nixl:prefill" + TRAILER_MAGIC + json.dumps(info).encode())
+    remote = np.array([(segment["addr"] + i * BLOCK, BLOCK, 0) for i in range(BLOCKS)],
+                      dtype=np.uint64)
+    remote_side = reader.prep_xfer_dlist(peer, reader.get_xfer_descs(remote, "DRAM"))
+    assert isinstance(reader.make_prepped_xfer("READ", local_side, [0], remote_side, [0]),
+                      SharedRead)
+    mapped = read_only_kv_mappings()
+    assert reader.get_new_notifs() == {}  # a step while it lives unmaps nothing
+    assert read_only_kv_mappings() == mapped
+    process.kill()
+    process.join(10)
+    assert reader.get_new_notifs() == {}
+    assert read_only_kv_mappings() == mapped - 1
