@@ -238,17 +238,24 @@ def read_only_kv_mappings() -> int:
         return sum(1 for line in maps if "pdserve-kv" in line and " r--s " in line)
 
 
-def test_a_dead_owners_kv_is_not_read_and_its_memory_is_unmapped(owner):  # noqa: F811
-    """A prefill engine that died: its pages live on in the reader's mapping, but its KV
-    is not read from there; the READ goes to NIXL (which fails it, and vLLM's
-    load_failure_policy applies, as before shared memory), and the mapping goes."""
-    info, process = owner
+def reading_whole_cache_of(info: dict):
+    """A reader after its handshake with the owner that published ``info``, and the local
+    and remote descriptor lists of a READ of the owner's whole cache."""
     [segment] = info["segments"]
     reader, peer, _local, local_side = reader_of(
         b"nixl:prefill" + TRAILER_MAGIC + json.dumps(info).encode())
     remote = np.array([(segment["addr"] + i * BLOCK, BLOCK, 0) for i in range(BLOCKS)],
                       dtype=np.uint64)
-    remote_side = reader.prep_xfer_dlist(peer, reader.get_xfer_descs(remote, "DRAM"))
+    return reader, local_side, reader.prep_xfer_dlist(peer, reader.get_xfer_descs(remote,
+                                                                                  "DRAM"))
+
+
+def test_a_dead_owners_kv_is_not_read_and_its_memory_is_unmapped(owner):  # noqa: F811
+    """A prefill engine that died: its pages live on in the reader's mapping, but its KV
+    is not read from there; the READ goes to NIXL (which fails it, and vLLM's
+    load_failure_policy applies, as before shared memory), and the mapping goes."""
+    info, process = owner
+    reader, local_side, remote_side = reading_whole_cache_of(info)
     alive = reader.make_prepped_xfer("READ", local_side, [0], remote_side, [0])
     assert isinstance(alive, SharedRead)
     mapped = read_only_kv_mappings()
@@ -268,12 +275,7 @@ def test_a_dead_owners_memory_is_unmapped_by_an_engine_that_reads_no_more(
     not kept resident until another READ."""
     monkeypatch.setattr(shared_kv, "SWEEP_INTERVAL_S", 0.0)  # every step sweeps
     info, process = owner
-    [segment] = info["segments"]
-    reader, peer, _local, local_side = reader_of(
-        b"nixl:prefill" + TRAILER_MAGIC + json.dumps(info).encode())
-    remote = np.array([(segment["addr"] + i * BLOCK, BLOCK, 0) for i in range(BLOCKS)],
-                      dtype=np.uint64)
-    remote_side = reader.prep_xfer_dlist(peer, reader.get_xfer_descs(remote, "DRAM"))
+    reader, local_side, remote_side = reading_whole_cache_of(info)
     assert isinstance(reader.make_prepped_xfer("READ", local_side, [0], remote_side, [0]),
                       SharedRead)
     mapped = read_only_kv_mappings()
