@@ -35,7 +35,7 @@ def bench(*args: str, out: Path) -> subprocess.CompletedProcess:
 
 
 def test_overhead_times_vllm_and_each_pdserve_path_as_configured(tmp_path):
-    completed = bench("overhead", "--requests", "2", "--max-tokens", "4",
+    completed = bench("overhead", "--one-at-a-time", "--requests", "2", "--max-tokens", "4",
                       "--idle-sample-s", "1", out=tmp_path)
     runs = json.loads((tmp_path / "overhead.json").read_text())["runs"]
     assert set(runs) == {"vllm", "pdserve decode_local", "pdserve disaggregated"}

@@ -86,3 +86,14 @@ def test_what_a_role_uses_idle_is_taken_off_its_run_and_never_below_zero():
     busy = beyond_idle({"router": 3.0, "ray services": 0.5, "decode engine": 8.0},
                        {"router": 0.05, "ray services": 0.02}, seconds=40)
     assert busy == pytest.approx({"router": 1.0, "ray services": 0.0, "decode engine": 8.0})
+
+
+def test_vllms_own_server_splits_into_its_api_server_and_its_engine():
+    tree = {30: Process(30, 1, "/work/.venv/bin/python -m vllm.entrypoints.openai.api_server",
+                        0.0),
+            31: Process(31, 30, "VLLM::EngineCore", 0.0),
+            32: Process(32, 31, "/work/.venv/bin/python -c from multiprocessing.spawn "
+                        "import spawn_main; spawn_main(tracker_fd=5)", 0.0)}
+    after = {pid: Process(pid, p.ppid, p.title, cpu) for (pid, p), cpu in
+             zip(tree.items(), (1.5, 4.0, 2.0), strict=True)}
+    assert cpu_by_role(tree, after, root=30) == {"other": 1.5, "engine": 6.0}

@@ -65,8 +65,19 @@ def add_parser(commands) -> None:
     overhead.add_argument("--max-tokens", type=int, default=16,
                           help="tokens per answer (256: the per-token cost of streaming)")
     overhead.add_argument("--concurrency", type=int, default=1,
-                          help="streams at a time (1: nothing queues or batches; more: "
-                          "the relaying processes' CPU per token under load)")
+                          help="with --one-at-a-time: streams at a time (1: nothing queues "
+                          "or batches; more: the relaying processes' CPU per token under "
+                          "load)")
+    overhead.add_argument("--rates", default="1,2,4,8",
+                          help="the rate sweep (requests/s, Poisson arrivals): vLLM's server "
+                          "and each pdserve setup up together, their runs alternating ABBA "
+                          "at each rate; TTFT p50/p95, TPOT and per-chunk ITL p50, serving "
+                          "CPU per 1,000 tokens (tools/bench/sweep.py)")
+    overhead.add_argument("--one-at-a-time", action="store_true",
+                          help="instead of the sweep: requests --concurrency at a time, "
+                          "each server alone, with where each TTFT went")
+    overhead.add_argument("--prompt-chars", type=int, default=256,
+                          help="each prompt cut to this many characters (~4 a token)")
     overhead.add_argument("--paths", default="decode_local,disaggregated",
                           help="pdserve's paths to measure, each a run of its own")
     overhead.add_argument("--variant", action="append", default=None,

@@ -224,9 +224,11 @@ def bench_overhead(args) -> int:
     variants = [parse_variant(text) for text in args.variant or []] or [Variant("", {})]
     config = load_config(args.config)
     ensure_checkpoints(config)
+    if not args.one_at_a_time:
+        return _overhead_sweep(args, config, variants)
     spec = WorkloadSpec(name="reference", rate=1000, num_requests=args.requests, seed=7)
     requests = overhead.shorten(plan(spec, token_counter(str(config.model.path))),
-                                args.max_tokens)
+                                args.max_tokens, args.prompt_chars)
     runs: dict[str, dict] = {}
     for setup, start in _overhead_setups(args, config, variants).items():
         with processes.running(start()) as server:
@@ -238,6 +240,55 @@ def bench_overhead(args) -> int:
     report.write_json(args.out / "overhead.json", {
         "config": str(args.config), "max_tokens": args.max_tokens,
         "concurrency": args.concurrency, "runs": runs,
+        "machine": machine()})
+    return 0
+
+
+def _overhead_sweep(args, config: PDServeConfig, variants: list) -> int:
+    """``--rates``: vLLM's server up for the whole sweep; each pdserve setup up in turn
+    beside it; at each rate the two run in ABBA order, each run with prompts of its own
+    (tools/bench/sweep.py)."""
+    from tools import processes
+    from tools.bench import overhead, sweep
+
+    rates = [float(rate) for rate in args.rates.split(",")]
+    counter = token_counter(str(config.model.path))
+    model = config.model.name
+
+    def requests_at(rate: float, salt: str) -> list:
+        spec = WorkloadSpec(name="reference", rate=rate, num_requests=args.requests, seed=7,
+                            prompt_salt=salt)
+        return overhead.shorten(plan(spec, counter), args.max_tokens, args.prompt_chars,
+                                keep_times=True)
+
+    setups = _overhead_setups(args, config, variants)
+    start_vllm = setups.pop("vllm")
+    runs: list[dict] = []
+    with processes.running(start_vllm()) as vllm:
+        warm_up(vllm.base_url, model)
+        servers = {"vllm": (vllm, overhead.idle_cpu_rate(vllm.process.pid,
+                                                         args.idle_sample_s), 0)}
+        for index, (name, start) in enumerate(setups.items(), start=1):
+            with processes.running(start()) as server:
+                warm_up(server.base_url, model)
+                servers[name] = (server, overhead.idle_cpu_rate(server.process.pid,
+                                                                args.idle_sample_s), index)
+                for rate in rates:
+                    for setup, round_ in sweep.abba("vllm", name):
+                        running, idle, setup_index = servers[setup]
+                        run = overhead.measure_at_rate(
+                            running.base_url, model,
+                            requests_at(rate, sweep.run_salt(setup_index, round_, rate)),
+                            running.process.pid, idle)
+                        runs.append(run | {"rate": rate, "setup": setup, "round": round_,
+                                           "against": name})
+                        print(f"  {rate:g}/s {setup} round {round_}: {run['n']} of "
+                              f"{run['requests']} answered", flush=True)
+            print(sweep.sweep_table([run for run in runs if run["against"] == name],
+                                    "vllm", name), flush=True)
+    report.write_json(args.out / "overhead-sweep.json", {
+        "config": str(args.config), "max_tokens": args.max_tokens,
+        "prompt_chars": args.prompt_chars, "rates": rates, "runs": runs,
         "machine": machine()})
     return 0
 

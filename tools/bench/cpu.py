@@ -19,7 +19,7 @@ PROC = Path("/proc")
 
 # In the order the bench prints them.
 ROLES = ("router", "proxy", "decode replica", "decode engine", "prefill replica",
-         "prefill engine", "ray services", "other")
+         "prefill engine", "engine", "ray services", "other")
 
 
 @dataclass(frozen=True)
@@ -52,15 +52,24 @@ def _program(title: str) -> str:
 
 def roles(processes: dict[int, Process]) -> dict[int, str]:
     """Each process's role; a process with no role of its own takes an engine's role
-    when a pool's replica is among its ancestors (vLLM's EngineCore and workers)."""
+    when a pool's replica is among its ancestors (vLLM's EngineCore and workers), and
+    "engine" when it is an engine process of vLLM's own server."""
     found: dict[int, str] = {}
     for pid, process in processes.items():
         role = role_of(process.title)
         if role is None:
             role = _engine_role(pid, processes)
+        if role is None and _is_vllm_engine(process.title):
+            role = "engine"  # vLLM's own server's engine: its API server stays "other"
         if role is not None:
             found[pid] = role
     return found
+
+
+def _is_vllm_engine(title: str) -> bool:
+    """An engine process vLLM spawned (titled ``VLLM::EngineCore``, ``VLLM::Worker``, or
+    still showing multiprocessing's spawn command line)."""
+    return title.startswith("VLLM::") or "multiprocessing.spawn" in title
 
 
 def _engine_role(pid: int, processes: dict[int, Process]) -> str | None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from cluster.percentile import percentile
 from router.timing import STAGES
-from tools.bench import cpu
+from tools.bench import cpu, sweep
 from tools.bench.breakdown import ENGINE_PARTS, HOP_PARTS
 from tools.bench.defaults import IDLE_SAMPLE_S
 from tools.bench.runner import run_workload
@@ -39,7 +39,7 @@ def measure(base_url: str, model: str, requests: list[PlannedRequest], max_token
     """One server's run: latencies of ``requests`` sent ``concurrency`` at a time (each
     group at once, the next when it has finished), and CPU per streamed token by role
     beyond the idle rate of ``root_pid``'s process tree."""
-    idle = _idle_cpu_rate(root_pid, idle_sample_s)
+    idle = idle_cpu_rate(root_pid, idle_sample_s)
     cpu_before, started = cpu.sample_processes(), time.monotonic()
     ttfts, e2es, per_token, tokens = [], [], [], 0
     for first in range(0, len(requests), concurrency):
@@ -66,6 +66,18 @@ def measure(base_url: str, model: str, requests: list[PlannedRequest], max_token
     }
 
 
+def measure_at_rate(base_url: str, model: str, requests: list[PlannedRequest],
+                    root_pid: int, idle_rate: dict[str, float]) -> dict[str, Any]:
+    """One run of a rate sweep (tools/bench/sweep.py): ``requests`` sent at their planned
+    times (open loop), summed up with the CPU of ``root_pid``'s tree beyond
+    ``idle_rate``."""
+    cpu_before, started = cpu.sample_processes(), time.monotonic()
+    records, _ = asyncio.run(run_workload(base_url, model, requests, progress=False))
+    elapsed = time.monotonic() - started
+    used = cpu.cpu_by_role(cpu_before, cpu.sample_processes(), root_pid)
+    return sweep.summarise(records, cpu.beyond_idle(used, idle_rate, elapsed), elapsed)
+
+
 def relay_capacity(run: dict[str, Any], role: str = "router") -> float | None:
     """Streamed tokens/s one core of ``role`` would relay at the CPU per token this run
     measured (None: the role used none beyond idle, or the run streamed nothing)."""
@@ -73,7 +85,7 @@ def relay_capacity(run: dict[str, Any], role: str = "router") -> float | None:
     return 1000 / per_token_ms if per_token_ms else None
 
 
-def _idle_cpu_rate(root_pid: int, sample_s: float) -> dict[str, float]:
+def idle_cpu_rate(root_pid: int, sample_s: float) -> dict[str, float]:
     """CPU-seconds per second each role of an idle server uses (polls, reports, Ray)."""
     before = cpu.sample_processes()
     time.sleep(sample_s)  # the idle window being measured
@@ -81,11 +93,12 @@ def _idle_cpu_rate(root_pid: int, sample_s: float) -> dict[str, float]:
     return {role: seconds / sample_s for role, seconds in used.items()}
 
 
-def shorten(requests: list[PlannedRequest], max_tokens: int,
-            prompt_chars: int = 256) -> list[PlannedRequest]:
-    """Short prompts (~64 tokens), all due at once: the runner sends them one by one."""
-    return [replace(r, send_at=0.0, max_tokens=max_tokens, prompt=r.prompt[:prompt_chars])
-            for r in requests]
+def shorten(requests: list[PlannedRequest], max_tokens: int, prompt_chars: int = 256,
+            keep_times: bool = False) -> list[PlannedRequest]:
+    """Short prompts (256 characters: ~64 tokens), all due at once (the runner sends them
+    one by one), or at their planned times with ``keep_times`` (a rate sweep's)."""
+    return [replace(r, send_at=r.send_at if keep_times else 0.0, max_tokens=max_tokens,
+                    prompt=r.prompt[:prompt_chars]) for r in requests]
 
 
 LATENCY_ROWS = (("TTFT p50", "ttft_p50_s"), ("TTFT p95", "ttft_p95_s"),
