@@ -63,6 +63,7 @@ class PDEngineClient:
 
     def __init__(self, vllm_config: Any, renderer: Any, flow: DisaggregatedFlow, *,
                  disaggregation_threshold: int, stream_chunk_interval_s: float = 0.0,
+                 stream_chunks_per_s: float = 0.0,
                  cache: ResponseCache | None = None,
                  decode_cache: DecodeCacheLink | None = None,
                  shared_prefix_cache: bool = False,
@@ -82,6 +83,7 @@ class PDEngineClient:
         self.flow = flow
         self._threshold = disaggregation_threshold
         self._chunk_interval_s = stream_chunk_interval_s
+        self._chunks_per_s = stream_chunks_per_s
         self._vocab_size = self.model_config.get_vocab_size()
         self._requests: dict[str, RequestLifecycle] = {}
         self.cache = cache
@@ -135,6 +137,7 @@ class PDEngineClient:
         request = EngineRequest(request_id, token_ids, sampling_params,
                                 reasoning_ended, reasoning_parser_kwargs,
                                 chunk_interval_s=self._chunk_interval(sampling_params),
+                                chunks_per_s=self._chunks_per_s,
                                 decode_replica=path.decode_replica,
                                 cache_salt=prefix_cache_salt(lifecycle.tenant,
                                                              self._shared_prefix_cache))

@@ -66,6 +66,7 @@ def build_version(config: PDServeConfig, version: str, flow: DisaggregatedFlow,
         vllm_config, renderer, flow, validate=_engine_validator(vllm_config, renderer),
         disaggregation_threshold=config.router.disaggregation_threshold_tokens,
         stream_chunk_interval_s=config.router.stream_chunk_interval_ms / 1000,
+        stream_chunks_per_s=config.router.stream_chunks_per_s,
         cache=cache,
         decode_cache=flow.decode_cache if config.router.routing.decode.cache_aware_path
         else None,

@@ -236,6 +236,13 @@ class RouterConfig(StrictModel):
         "interval, those made meanwhile merged into one chunk (the first and the last "
         "at once; 0: every token as it is made); see docs/design.md, streaming in chunks",
     )
+    stream_chunks_per_s: float = Field(
+        400, ge=0, description="below this many chunks a second from one decode replica's "
+        "streams together, every token leaves as its own chunk; above it each stream's "
+        "chunks are spaced streams / this apart, at most stream_chunk_interval_ms (0: "
+        "always that interval). Per-token streaming while a replica is lightly loaded, "
+        "fewer chunks to relay when it is busy (decode/pacing.py)",
+    )
     transport: Literal["grpc", "ray"] = Field(
         "grpc", description="how requests and streamed chunks cross Serve's hops: 'grpc', "
         "Serve's gRPC data plane (proxy -> router -> engine replicas, each process's "

@@ -34,6 +34,9 @@ class EngineRequest:
     # A stream's decode replica sends at most one chunk of outputs per this many seconds
     # (decode/pacing.py); 0: each output as it comes.
     chunk_interval_s: float = 0.0
+    # ... and only once its streams together would send more chunks a second than this,
+    # each output leaving as it comes below it; 0: always at chunk_interval_s.
+    chunks_per_s: float = 0.0
     # The decode replica whose prefix cache made this request decode-local
     # (router/disaggregation.py): the decode router ranks it first. None: its own choice.
     decode_replica: str | None = None

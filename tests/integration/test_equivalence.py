@@ -7,6 +7,7 @@ tokenization, chat templating, sampling and detokenization are compared end to e
 from __future__ import annotations
 
 import random
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -114,21 +115,32 @@ def test_the_next_turn_of_a_conversation_stays_on_the_decode_engine_holding_it(
     assert delta("decode", "prompt_tokens_computed") == len(turn2) - cached < threshold
 
 
-def test_a_stream_leaves_the_decode_pool_in_chunks_with_the_same_tokens(pdserve):
-    """router.stream_chunk_interval_ms (20 ms, the default): the tiny model makes a token
-    every few milliseconds, so a stream's tokens reach the client grouped into chunks (one
-    SSE event each), never one event per token, and they are the unary answer's tokens.
-    With the interval at 0 every token is its own event here and this fails."""
+def test_a_lone_stream_gets_every_token_as_it_comes_and_busy_streams_in_chunks(pdserve):
+    """A decode replica paces its streams by its load (decode/pacing.py): alone, a stream
+    stays under ``router.stream_chunks_per_s`` (400) however fast the engine is, so each
+    token is its own event, as from vLLM's server; twelve at once would send more, so
+    each stream's tokens are grouped into chunks up to ``router.stream_chunk_interval_ms``
+    (20 ms) apart. Either way the tokens are the unary answer's. With a fixed interval
+    the lone stream was chunked too; with no pacing the busy ones were not."""
     prompt = prose(20, seed=5)
     params = {"max_tokens": 64, "temperature": 0, "ignore_eos": True}
-    streamed = generate(pdserve, "completion", MODEL, prompt, stream=True, **params)
     unary = generate(pdserve, "completion", MODEL, prompt, stream=False, **params)
-    assert streamed.status == unary.status == 200, (streamed.error, unary.error)
-    assert streamed.token_ids == unary.token_ids and len(unary.token_ids) == 64
-    assert streamed.text == unary.text
-    chunks = [event for event in streamed.events
-              if any(choice.get("token_ids") for choice in event.get("choices", []))]
-    assert 1 < len(chunks) < 64, f"{len(chunks)} chunks for 64 tokens"
+    assert unary.status == 200 and len(unary.token_ids) == 64, unary.error
+
+    def chunks_of(answer) -> int:
+        assert answer.status == 200, answer.error
+        assert answer.token_ids == unary.token_ids and answer.text == unary.text
+        return len([event for event in answer.events
+                    if any(choice.get("token_ids") for choice in event.get("choices", []))])
+
+    # (an engine faster than a token per 2.5 ms would merge a few: not a 20 ms interval's ~16)
+    lone = chunks_of(generate(pdserve, "completion", MODEL, prompt, stream=True, **params))
+    assert lone > 64 * 0.75, f"{lone} chunks for 64 tokens"
+    with ThreadPoolExecutor(12) as pool:
+        busy = list(pool.map(lambda _: generate(pdserve, "completion", MODEL, prompt,
+                                                stream=True, **params), range(12)))
+    counts = [chunks_of(answer) for answer in busy]
+    assert sum(counts) < 12 * 64 * 0.75, f"chunks per stream of 64 tokens: {counts}"
 
 
 SPECULATING_PORT = 8190

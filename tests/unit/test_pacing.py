@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from decode.pacing import hold_before_next
+from decode.pacing import hold_before_next, stream_interval
 
 
 def test_a_chunk_is_followed_by_the_rest_of_the_interval():
@@ -43,3 +43,19 @@ def test_paced_stream_sends_at_most_one_chunk_per_interval():
     assert max(s - m for s, m in zip(sent_at, made, strict=True)) < interval
     assert chunks <= 2 + (made[-1] - made[0]) / interval
     assert chunks < tokens / 4
+
+
+def test_a_lightly_loaded_replica_sends_each_token_as_it_comes():
+    # one stream under 400 chunks/s: 2.5 ms, shorter than a step; every token is a chunk
+    assert stream_interval(0.02, streams=1, chunks_per_s=400) == pytest.approx(0.0025)
+
+
+def test_a_busier_replica_spaces_its_streams_chunks_up_to_the_interval():
+    assert stream_interval(0.02, streams=4, chunks_per_s=400) == pytest.approx(0.01)
+    assert stream_interval(0.02, streams=8, chunks_per_s=400) == pytest.approx(0.02)
+    assert stream_interval(0.02, streams=64, chunks_per_s=400) == pytest.approx(0.02)
+
+
+def test_no_chunk_budget_paces_every_stream_at_the_interval():
+    assert stream_interval(0.02, streams=1, chunks_per_s=0) == 0.02
+    assert stream_interval(0.0, streams=9, chunks_per_s=400) == 0.0
