@@ -278,7 +278,8 @@ def _overhead_sweep(args, config: PDServeConfig, variants: list) -> int:
                         running, idle, setup_index = servers[setup]
                         run = overhead.measure_at_rate(
                             running.base_url, model,
-                            requests_at(rate, sweep.run_salt(setup_index, round_, rate)),
+                            requests_at(rate, sweep.run_salt(index, setup_index, round_,
+                                                             rate)),
                             running.process.pid, idle)
                         runs.append(run | {"rate": rate, "setup": setup, "round": round_,
                                            "against": name})

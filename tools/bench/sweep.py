@@ -28,10 +28,11 @@ def abba(baseline: str, other: str) -> list[tuple[str, int]]:
     return [(baseline, 0), (other, 0), (other, 1), (baseline, 1)]
 
 
-def run_salt(setup_index: int, round_: int, rate: float) -> str:
-    """A salt for one run's prompts: distinct per run, the same length for every setup
-    and round at a rate (so their prompts are equally long)."""
-    return f"s{setup_index}r{round_}@{rate:g}"
+def run_salt(pass_: int, setup_index: int, round_: int, rate: float) -> str:
+    """A salt for one run's prompts: distinct per run, the baseline's too in each pass (a
+    pass: one pdserve setup beside it), and the same length for every setup and round of
+    a pass at a rate (so their prompts are equally long)."""
+    return f"p{pass_}s{setup_index}r{round_}@{rate:g}"
 
 
 def chunk_gaps(token_times: Sequence[float]) -> list[float]:
