@@ -54,3 +54,20 @@ def side_channel_port(plan: PortPlan, pool_index: int, replica_rank: int) -> int
     if port + plan.ports_per_replica - 1 > 65535:
         raise ValueError(f"side-channel port {port} is out of range; lower the base port")
     return port
+
+
+def side_channel_ports_to_try(plan: PortPlan, pool_index: int,
+                              replica_rank: int) -> list[int]:
+    """The replica's own side-channel port, then the pool's other slots in order.
+
+    Serve may give a running replica another rank (it keeps ranks contiguous as replicas
+    come and go) while its engine keeps listening where it started, so a replica given
+    that replica's old rank later finds its port held by a live engine: it takes the
+    next free slot of its pool's slice instead of waiting for a port that will not be
+    let go. The others are tried from the top of the slice down: ranks are given from 0 up,
+    so a slot near the top is nobody's own port while its replica is still starting.
+    """
+    own = side_channel_port(plan, pool_index, replica_rank)
+    return [own, *(side_channel_port(plan, pool_index, rank)
+                   for rank in reversed(range(plan.max_replicas_per_pool))
+                   if rank != replica_rank)]

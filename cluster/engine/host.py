@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from cluster import metrics as m
@@ -26,11 +26,12 @@ from cluster.engine.load_report import LoadReporter
 from cluster.engine.messages import EngineCrashed, EngineRequest
 from cluster.engine.process_tree import (
     engine_processes,
+    first_free_ports,
     kill_running,
     kill_tree,
+    listener_of,
     outlived,
     record_tree,
-    wait_ports_free,
 )
 from cluster.engine.stall import StepWatch, is_stalled
 from cluster.engine.stats import EngineStats
@@ -97,20 +98,24 @@ class EngineHost:
         *,
         replica_id: str,
         side_channel_host: str,
-        side_channel_port: int,
+        side_channel_ports: Sequence[int],
         version: str,
     ) -> EngineHost:
-        """Start an engine of ``role`` serving ``version``. Blocks until it is ready (tens
-        of seconds)."""
+        """Start an engine of ``role`` serving ``version``, listening for NIXL peers on the
+        first of ``side_channel_ports`` that is free (the replica's own, unless a live
+        engine holds it). Blocks until it is ready (tens of seconds)."""
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         # This node's CPU, not the head's: machines differ (AVX2 only, AVX-512, AMX).
         check_engine(config, role, version)
         pool = config.pool(version, role)
-        wait_ports_free(side_channel_host,
-                        range(side_channel_port, side_channel_port + pool.tensor_parallel_size),
-                        PORT_FREE_WAIT_S)
+        side_channel_port = first_free_ports(side_channel_host, side_channel_ports,
+                                             pool.tensor_parallel_size, PORT_FREE_WAIT_S)
+        if side_channel_port != side_channel_ports[0]:
+            logger.warning("%s replica %s: its side-channel port %d is held (%s); its engine "
+                           "listens on %d", role, replica_id, side_channel_ports[0],
+                           listener_of(side_channel_ports[0]), side_channel_port)
         # The engine core runs in child processes that read these at their start.
         os.environ.update(
             engine_env(config, role, side_channel_host, side_channel_port, version))

@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cluster.config import PDServeConfig
-from kv_transfer.ports import PortPlan, side_channel_port
+from kv_transfer.ports import PortPlan, side_channel_ports_to_try
 
 
 @dataclass(frozen=True)
 class ReplicaIdentity:
     replica_id: str
     side_channel_host: str
-    side_channel_port: int
+    side_channel_ports: tuple[int, ...]  # its own first, then its pool's other slots
 
 
 def current_replica_identity(config: PDServeConfig, pool_index: int) -> ReplicaIdentity:
@@ -27,5 +27,5 @@ def current_replica_identity(config: PDServeConfig, pool_index: int) -> ReplicaI
     return ReplicaIdentity(
         replica_id=context.replica_id.unique_id,
         side_channel_host=kv.side_channel_host or ray.util.get_node_ip_address(),
-        side_channel_port=side_channel_port(plan, pool_index, rank),
+        side_channel_ports=tuple(side_channel_ports_to_try(plan, pool_index, rank)),
     )

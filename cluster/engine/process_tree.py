@@ -16,6 +16,7 @@ import contextlib
 import errno
 import socket
 import time
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -70,20 +71,29 @@ def outlived(processes: list[Any], timeout_s: float) -> list[Any]:
     return alive
 
 
-def wait_ports_free(host: str, ports: range, timeout_s: float, poll_s: float = 0.5) -> None:
-    """Wait until every port of ``ports`` can be listened on at ``host``; raise
-    ``RuntimeError`` naming the process that holds one after ``timeout_s``. A replica
-    starting while its predecessor's processes still listen on its side-channel port
-    fails at once with the reason, instead of an engine whose worker cannot bind and
-    whose start never ends."""
+def first_free_ports(host: str, firsts: Sequence[int], width: int, timeout_s: float,
+                     poll_s: float = 0.5) -> int:
+    """The first of ``firsts`` whose ``width`` ports from it can all be listened on at
+    ``host``, polled until ``timeout_s``; then ``RuntimeError`` naming the process that
+    holds the first. A replica whose ports are all held fails at once with the reason,
+    instead of an engine whose worker cannot bind and whose start never ends."""
     deadline = time.monotonic() + timeout_s
-    while (held := [port for port in ports if not _can_listen(host, port)]):
+    while True:
+        for first in firsts:
+            if all(_can_listen(host, port) for port in range(first, first + width)):
+                return first
         if time.monotonic() > deadline:
             raise RuntimeError(
-                f"NIXL side-channel port {held[0]} on {host} is still held by "
-                f"{_listener(held[0])} after {timeout_s:.0f} s; this replica's engine "
-                "cannot listen there")
+                f"NIXL side-channel port {firsts[0]} on {host} is still held by "
+                f"{listener_of(firsts[0])} after {timeout_s:.0f} s, and no other port of "
+                "its pool is free; this replica's engine cannot listen")
         time.sleep(poll_s)
+
+
+def wait_ports_free(host: str, ports: range, timeout_s: float, poll_s: float = 0.5) -> None:
+    """Wait until every port of ``ports`` can be listened on at ``host`` (raise as
+    ``first_free_ports``)."""
+    first_free_ports(host, [ports.start], len(ports), timeout_s, poll_s)
 
 
 def _can_listen(host: str, port: int) -> bool:
@@ -100,7 +110,7 @@ def _can_listen(host: str, port: int) -> bool:
     return True
 
 
-def _listener(port: int) -> str:
+def listener_of(port: int) -> str:
     """Which process listens on ``port``, as far as this user may see."""
     import psutil
 

@@ -35,7 +35,7 @@ class EngineReplica:
             self.role,
             replica_id=identity.replica_id,
             side_channel_host=identity.side_channel_host,
-            side_channel_port=identity.side_channel_port,
+            side_channel_ports=identity.side_channel_ports,
             version=version,
         )
 

@@ -11,6 +11,7 @@ from kv_transfer import (
     prefill_request_params,
     side_channel_port,
 )
+from kv_transfer.ports import side_channel_ports_to_try
 
 # What vLLM's NIXL producer returned for a 1,040-token prompt with 32-token blocks.
 PRODUCER_PARAMS = {
@@ -111,3 +112,16 @@ def test_port_plan_limits():
         side_channel_port(PortPlan(base_port=65530, span=8), 1, 0)
     with pytest.raises(ValueError):
         PortPlan(base_port=80, span=8)
+
+
+def test_a_replica_tries_its_own_port_then_its_pools_other_slots_from_the_top():
+    """Serve may give a running replica another rank while its engine keeps its port: the
+    next replica given the old rank falls back to another slot of the same pool, first
+    those no starting replica owns (ranks are given from 0 up)."""
+    plan = PortPlan(base_port=15600, span=4)
+    assert side_channel_ports_to_try(plan, pool_index=1, replica_rank=1) == [
+        15605, 15607, 15606, 15604]
+    for rank in range(4):
+        ports = side_channel_ports_to_try(plan, pool_index=0, replica_rank=rank)
+        assert ports[0] == side_channel_port(plan, 0, rank)
+        assert sorted(ports) == list(range(15600, 15604))  # its pool's slice, each once
