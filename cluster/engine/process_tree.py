@@ -90,12 +90,6 @@ def first_free_ports(host: str, firsts: Sequence[int], width: int, timeout_s: fl
         time.sleep(poll_s)
 
 
-def wait_ports_free(host: str, ports: range, timeout_s: float, poll_s: float = 0.5) -> None:
-    """Wait until every port of ``ports`` can be listened on at ``host`` (raise as
-    ``first_free_ports``)."""
-    first_free_ports(host, [ports.start], len(ports), timeout_s, poll_s)
-
-
 def _can_listen(host: str, port: int) -> bool:
     # SO_REUSEADDR as ZeroMQ binds: a closed listener's TIME_WAIT does not count as held.
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -1,5 +1,5 @@
 """A replica waits for its NIXL side-channel port before it starts its engine
-(cluster/engine/process_tree.py, ``wait_ports_free``): a port still held past the wait
+(cluster/engine/process_tree.py, ``first_free_ports``): a port still held past the wait
 fails the start at once, naming the holder, instead of an engine whose worker cannot bind
 and whose start never ends."""
 
@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from cluster.engine.process_tree import first_free_ports, wait_ports_free
+from cluster.engine.process_tree import first_free_ports
 
 
 def _listener() -> socket.socket:
@@ -24,14 +24,14 @@ def _listener() -> socket.socket:
 def test_a_free_port_is_taken_at_once():
     with _listener() as listener:
         port = listener.getsockname()[1]
-    wait_ports_free("127.0.0.1", range(port, port + 1), timeout_s=0)
+    assert first_free_ports("127.0.0.1", [port], 1, timeout_s=0) == port
 
 
 def test_a_port_still_held_fails_the_start_naming_its_holder():
     with _listener() as listener:
         port = listener.getsockname()[1]
         with pytest.raises(RuntimeError, match=rf"port {port} .* held by") as refused:
-            wait_ports_free("127.0.0.1", range(port, port + 1), timeout_s=0.3, poll_s=0.05)
+            first_free_ports("127.0.0.1", [port], 1, timeout_s=0.3, poll_s=0.05)
     # named by pid where this user may list sockets (psutil); "another process" elsewhere
     assert f"pid {os.getpid()}" in str(refused.value) or "another process" in str(refused.value)
 
@@ -40,7 +40,7 @@ def test_a_port_let_go_within_the_wait_is_taken():
     listener = _listener()
     port = listener.getsockname()[1]
     threading.Timer(0.3, listener.close).start()
-    wait_ports_free("127.0.0.1", range(port, port + 1), timeout_s=10, poll_s=0.05)
+    assert first_free_ports("127.0.0.1", [port], 1, timeout_s=10, poll_s=0.05) == port
 
 
 def test_a_replica_whose_own_port_a_live_engine_holds_takes_the_next_free_one():
