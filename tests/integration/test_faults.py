@@ -876,6 +876,8 @@ def test_the_poison_catalogue_is_refused_or_answered_and_restarts_no_engine(clus
     own real poison, a seeded prompt its decode engines prefill in chunks with vLLM's
     rewind, is the quarantine test's; the main suite sends it to pdserve's seeded path.)"""
     wait_for(engines_quiet(), "every engine idle", RECOVERY_S)
+    cores = [core for pool in ("prefill", "decode") for _, cores in replicas(pool)
+             for core in cores]
     before = engine_processes()
     assert all(len(pids) == 2 for pids in before.values()), before
     retries_before = {pool: retried(pool, None) for pool in before}
@@ -888,11 +890,11 @@ def test_the_poison_catalogue_is_refused_or_answered_and_restarts_no_engine(clus
         response = httpx.post(f"{cluster}/v1/completions", json=body, timeout=300)
         assert response.status_code == 200, (body, response.text[:500])
     watched_s = max(80.0, (CONFIG.engine.stall_timeout_s or 0) + 20)
-    deadline = time.monotonic() + watched_s
-    while time.monotonic() < deadline:  # fails at the first engine process that changed
-        assert engine_processes() == before, f"an engine was replaced: {before} -> " \
-            f"{engine_processes()}"
-        time.sleep(2)
+    # Watched by their exits (psutil waits on the processes themselves), not by polls.
+    gone, _ = psutil.wait_procs(cores, timeout=watched_s)
+    assert not gone, f"engines ended within {watched_s:.0f} s: {[p.pid for p in gone]}"
+    assert engine_processes() == before, f"an engine was replaced: {before} -> " \
+        f"{engine_processes()}"
     assert all(stats["engine_stalled_s"] == 0 for stats in engine_stats(cluster).values())
     assert {pool: retried(pool, None) for pool in before} == retries_before, \
         "a request of the catalogue was sent to a second replica"
