@@ -12,9 +12,9 @@ from tools.bench import overhead
 RUN = {
     "ttft_p50_s": 0.02,
     "ttft_p95_s": 0.03,
-    "per_token_p50_s": 0.007,
+    "tpot_p50_s": 0.007,
     "e2e_p50_s": 0.2,
-    "cpu_ms_per_token": {"other": 9.0},
+    "cpu_s_per_1k_tokens": {"other": 9.0},
 }
 
 
@@ -33,12 +33,12 @@ def test_each_path_is_a_threshold_that_sends_every_short_prompt_down_it():
 def test_the_table_shows_what_pdserve_adds_to_the_baseline():
     runs = {
         "vllm": RUN,
-        "pdserve decode_local": {**RUN, "ttft_p50_s": 0.0245, "per_token_p50_s": None},
+        "pdserve decode_local": {**RUN, "ttft_p50_s": 0.0245, "tpot_p50_s": None},
     }
     table = overhead.latency_table(runs, baseline="vllm")
     ttft = next(line for line in table.splitlines() if "TTFT p50" in line)
     assert "20.0" in ttft and "24.5 (+4.5)" in ttft
-    per_token = next(line for line in table.splitlines() if "per token" in line)
+    per_token = next(line for line in table.splitlines() if "TPOT" in line)
     assert per_token.rstrip().endswith("-")
 
 
@@ -75,10 +75,10 @@ def test_a_disaggregated_ttft_splits_into_the_engines_time_and_the_rest():
 
 
 def test_relay_capacity_is_one_core_over_the_cpu_a_token_took():
-    run = {"cpu_ms_per_token": {"router": 0.125, "proxy": 0.0}}
+    run = {"cpu_s_per_1k_tokens": {"router": 0.125, "proxy": 0.0}}
     assert overhead.relay_capacity(run) == 8000
     assert overhead.relay_capacity(run, "proxy") is None  # nothing beyond idle: no figure
-    assert overhead.relay_capacity({"cpu_ms_per_token": {}}) is None
+    assert overhead.relay_capacity({"cpu_s_per_1k_tokens": {}}) is None
 
 
 def test_the_prompts_prefill_is_the_engine_that_computed_it():

@@ -336,7 +336,7 @@ def _overhead_run(args, setup: str, server, config: PDServeConfig, requests: lis
     metrics_url = metrics_url_of(config) if setup != "vllm" else None
     before = settled_scrape(metrics_url)
     vllm_before = vllm_phases(server.base_url) if setup == "vllm" else None
-    run = overhead.measure(server.base_url, config.model.name, requests, args.max_tokens,
+    run = overhead.measure(server.base_url, config.model.name, requests,
                            server.process.pid, concurrency=args.concurrency,
                            idle_sample_s=args.idle_sample_s)
     if before is not None:  # where pdserve's part of the TTFT went

@@ -18,7 +18,6 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from cluster.percentile import percentile
 from router.timing import STAGES
 from tools.bench import cpu, sweep
 from tools.bench.breakdown import ENGINE_PARTS, HOP_PARTS
@@ -33,37 +32,22 @@ PATH_OVERRIDES = {
 }
 
 
-def measure(base_url: str, model: str, requests: list[PlannedRequest], max_tokens: int,
-            root_pid: int, concurrency: int = 1,
-            idle_sample_s: float = IDLE_SAMPLE_S) -> dict[str, Any]:
-    """One server's run: latencies of ``requests`` sent ``concurrency`` at a time (each
-    group at once, the next when it has finished), and CPU per streamed token by role
-    beyond the idle rate of ``root_pid``'s process tree."""
+def measure(base_url: str, model: str, requests: list[PlannedRequest], root_pid: int,
+            concurrency: int = 1, idle_sample_s: float = IDLE_SAMPLE_S) -> dict[str, Any]:
+    """One server's run: ``requests`` sent ``concurrency`` at a time (each group at once,
+    the next when it has finished), summed up as a sweep's run is (``sweep.summarise``:
+    the same figures under the same names) with the CPU of ``root_pid``'s tree beyond its
+    idle rate, measured first."""
     idle = idle_cpu_rate(root_pid, idle_sample_s)
     cpu_before, started = cpu.sample_processes(), time.monotonic()
-    ttfts, e2es, per_token, tokens = [], [], [], 0
+    records = []
     for first in range(0, len(requests), concurrency):
         group = requests[first:first + concurrency]
-        records, _ = asyncio.run(run_workload(base_url, model, group, progress=False))
-        for record in records:
-            if not record.ok:
-                continue
-            ttfts.append(record.ttft)
-            e2es.append(record.e2e)
-            tokens += record.output_tokens
-            if max_tokens > 1:
-                per_token.append((record.e2e - record.ttft) / (max_tokens - 1))
+        records += asyncio.run(run_workload(base_url, model, group, progress=False))[0]
     elapsed = time.monotonic() - started
     used = cpu.cpu_by_role(cpu_before, cpu.sample_processes(), root_pid)
-    busy = cpu.beyond_idle(used, idle, elapsed)
-    return {
-        "n": len(ttfts), "requests": len(requests), "concurrency": concurrency,
-        "ttft_p50_s": percentile(ttfts, 50), "ttft_p95_s": percentile(ttfts, 95),
-        "e2e_p50_s": percentile(e2es, 50), "per_token_p50_s": percentile(per_token, 50),
-        "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
-        "cpu_ms_per_token": {role: 1000 * s / tokens for role, s in busy.items()}
-        if tokens else {},
-    }
+    return sweep.summarise(records, cpu.beyond_idle(used, idle, elapsed), elapsed) | {
+        "concurrency": concurrency}
 
 
 def measure_at_rate(base_url: str, model: str, requests: list[PlannedRequest],
@@ -81,8 +65,8 @@ def measure_at_rate(base_url: str, model: str, requests: list[PlannedRequest],
 def relay_capacity(run: dict[str, Any], role: str = "router") -> float | None:
     """Streamed tokens/s one core of ``role`` would relay at the CPU per token this run
     measured (None: the role used none beyond idle, or the run streamed nothing)."""
-    per_token_ms = run.get("cpu_ms_per_token", {}).get(role)
-    return 1000 / per_token_ms if per_token_ms else None
+    cpu_s_per_1k = run.get("cpu_s_per_1k_tokens", {}).get(role)
+    return 1000 / cpu_s_per_1k if cpu_s_per_1k else None
 
 
 def idle_cpu_rate(root_pid: int, sample_s: float) -> dict[str, float]:
@@ -102,7 +86,7 @@ def shorten(requests: list[PlannedRequest], max_tokens: int, prompt_chars: int =
 
 
 LATENCY_ROWS = (("TTFT p50", "ttft_p50_s"), ("TTFT p95", "ttft_p95_s"),
-                ("per token p50", "per_token_p50_s"), ("E2E p50", "e2e_p50_s"),
+                ("TPOT p50", "tpot_p50_s"), ("E2E p50", "e2e_p50_s"),
                 ("prompt's prefill", "prompt_prefill_mean_s"))
 
 
@@ -140,14 +124,14 @@ def latency_table(runs: dict[str, dict[str, Any]], baseline: str) -> str:
 
 
 def cpu_table(runs: dict[str, dict[str, Any]]) -> str:
-    """CPU milliseconds per streamed token by role, beyond each server's idle use (a vLLM
-    server is one process tree: "other")."""
+    """CPU-seconds per 1,000 streamed tokens by role, beyond each server's idle use (a
+    vLLM server is one process tree: its API server "other", its engine "engine")."""
     names = list(runs)
     width = _column_width(names)
-    lines = ["  CPU ms per token, busy" + "".join(f"{name:>{width}}" for name in names)]
+    lines = ["  CPU s per 1k tokens, busy" + "".join(f"{name:>{width}}" for name in names)]
     for role in (*cpu.ROLES, "total"):
-        cells = [sum(runs[n]["cpu_ms_per_token"].values()) if role == "total"
-                 else runs[n]["cpu_ms_per_token"].get(role) for n in names]
+        cells = [sum(runs[n]["cpu_s_per_1k_tokens"].values()) if role == "total"
+                 else runs[n]["cpu_s_per_1k_tokens"].get(role) for n in names]
         if any(cells):
             lines.append(f"  {role:<23}" + "".join(
                 f"{c:>{width}.3f}" if c is not None else f"{'-':>{width}}" for c in cells))

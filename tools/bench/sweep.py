@@ -45,8 +45,8 @@ def chunk_gaps(token_times: Sequence[float]) -> list[float]:
 def summarise(records: Iterable[RequestRecord], busy_cpu_s: dict[str, float],
               elapsed_s: float) -> dict[str, Any]:
     """One run's figures: TTFT p50/p95, TPOT p50 (a stream's time after its first token
-    over its later tokens), per-chunk ITL p50, tokens/s, and CPU-seconds per 1,000
-    streamed tokens by role (beyond the roles' idle use)."""
+    over its later tokens), per-chunk ITL p50, E2E p50, tokens/s, and CPU-seconds per
+    1,000 streamed tokens by role (beyond the roles' idle use)."""
     records = list(records)
     ok = [record for record in records if record.ok]
     tokens = sum(record.output_tokens for record in ok)
@@ -58,6 +58,7 @@ def summarise(records: Iterable[RequestRecord], busy_cpu_s: dict[str, float],
         "ttft_p50_s": percentile([r.ttft for r in ok], 50),
         "ttft_p95_s": percentile([r.ttft for r in ok], 95),
         "tpot_p50_s": percentile(tpots, 50), "itl_p50_s": percentile(gaps, 50),
+        "e2e_p50_s": percentile([r.e2e for r in ok], 50),
         "tokens": tokens, "tokens_per_s": tokens / elapsed_s if elapsed_s > 0 else 0.0,
         "cpu_s_per_1k_tokens": {role: 1000 * seconds / tokens
                                 for role, seconds in busy_cpu_s.items()} if tokens else {},
