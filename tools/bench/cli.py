@@ -41,6 +41,7 @@ def add_parser(commands) -> None:
                           "to the first event went, stage by stage (default: the "
                           "--config cluster's, if it exports metrics)")
     _workload_args(run)
+    _trace_args(run)
 
     compare = sub.add_parser("compare", help="pdserve disaggregated vs one colocated vLLM")
     compare.add_argument("--config", type=Path, default=BENCH_CONFIG)
@@ -160,6 +161,38 @@ def _workload_args(parser: argparse.ArgumentParser) -> None:
                              "config's slo.tpot_s)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     parser.add_argument("--no-progress", action="store_true")
+
+
+def _trace_args(parser: argparse.ArgumentParser) -> None:
+    """The flags that replay a recorded trace instead of the synthetic workload (run)."""
+    parser.add_argument("--trace", type=Path, default=None,
+                        help="replay this request trace (Azure LLM CSV or Mooncake "
+                             "JSONL; excerpts in tests/unit/data/traces/): its arrivals and "
+                             "lengths, prompts as token ids of --tokenizer's (or --config's "
+                             "model's) vocabulary sharing the trace's prefixes; the synthetic "
+                             "workload's flags but --seed are then ignored "
+                             "(tools/bench/trace.py)")
+    parser.add_argument("--trace-format", choices=["auto", "azure", "mooncake"],
+                        default="auto", help="the trace's format (auto: by its first line)")
+    pace = parser.add_mutually_exclusive_group()
+    pace.add_argument("--speedup", type=float, default=None,
+                      help="play the trace this many times as fast (default: as recorded)")
+    pace.add_argument("--trace-rate", type=float, default=None,
+                      help="time-scale the slice to this mean rate, requests/s ((n-1)/span); "
+                           "--rates instead sweeps several")
+    parser.add_argument("--start", type=float, default=0.0,
+                        help="seconds into the trace where the slice starts")
+    parser.add_argument("--duration", type=float, default=None,
+                        help="seconds of the trace to replay (default: to its end)")
+    parser.add_argument("--max-requests", type=int, default=None,
+                        help="at most this many requests, the slice's first")
+    parser.add_argument("--too-long", choices=["clip", "skip"], default="clip",
+                        help="requests longer than --max-model-len: clip (the prompt first, "
+                             "keeping the output) or skip them")
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="the served context, prompt + output tokens (default: the "
+                             "--config's engine.max_model_len, else "
+                             f"{WorkloadSpec.max_model_len})")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -16,7 +16,7 @@ from cluster.config import PDServeConfig
 from tools.bench import breakdown, engine_work, quality
 from tools.bench.runner import run_workload
 from tools.bench.stats import SLO, RequestRecord, summarise
-from tools.bench.workload import WorkloadSpec, plan
+from tools.bench.workload import PlannedRequest, WorkloadSpec, plan
 
 # One scrape of a pdserve cluster's metrics: its stage histograms and its engines' work.
 Scrape = tuple[breakdown.StageSamples, engine_work.EngineWork]
@@ -35,9 +35,18 @@ def token_counter(tokenizer_path: str | None):
 def measure_workload(base_url: str, model: str, spec: WorkloadSpec, count_tokens, slo: SLO,
                      progress: bool, label: str, api_key: str | None = None,
                      metrics_url: str | None = None) -> tuple[list[RequestRecord], dict]:
-    """Run one workload; with ``metrics_url`` (a pdserve cluster's Prometheus endpoint),
-    also where its requests' time to the first event went, stage by stage."""
-    requests = plan(spec, count_tokens)
+    """Run one synthetic workload (``measure_requests`` of its plan)."""
+    records, summary = measure_requests(base_url, model, plan(spec, count_tokens), slo,
+                                        progress, label, api_key, metrics_url)
+    return records, summary | {"workload": asdict(spec)}
+
+
+def measure_requests(base_url: str, model: str, requests: list[PlannedRequest], slo: SLO,
+                     progress: bool, label: str, api_key: str | None = None,
+                     metrics_url: str | None = None) -> tuple[list[RequestRecord], dict]:
+    """Send planned requests and summarise them (all, short, long, later turns); with
+    ``metrics_url`` (a pdserve cluster's Prometheus endpoint), also where their time to
+    the first event went, stage by stage."""
     before = settled_scrape(metrics_url)
     records, duration = asyncio.run(
         run_workload(base_url, model, requests, progress=progress, label=label,
@@ -49,7 +58,6 @@ def measure_workload(base_url: str, model: str, spec: WorkloadSpec, count_tokens
         "long": summarise(records, duration, slo, kind="long"),
         "later_turns": summarise(records, duration, slo, later_turns=True),
         "duration_s": duration,
-        "workload": asdict(spec),
     }
     if before is not None:
         summary |= work_since(metrics_url, before, sum(record.ok for record in records))

@@ -76,8 +76,10 @@ def _progress_bar(total: int, label: str):
 async def _send(client: httpx.AsyncClient, model: str, planned: PlannedRequest,
                 record: RequestRecord, start: float, prompt: str) -> str:
     """Stream one request into ``record``; the answer's text."""
+    # a trace's prompt is token ids (OpenAI's completions take a list of them)
+    sent = prompt if planned.prompt_token_ids is None else list(planned.prompt_token_ids)
     body = {
-        "model": model, "prompt": prompt, "max_tokens": planned.max_tokens,
+        "model": model, "prompt": sent, "max_tokens": planned.max_tokens,
         "temperature": 0, "stream": True, "ignore_eos": True, "return_token_ids": True,
         "stream_options": {"include_usage": True},
     }

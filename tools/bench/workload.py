@@ -99,6 +99,9 @@ class PlannedRequest:
     think_s: float = 0.0
     turn: int = 1
     prefix_group: int = -1  # which shared head it starts with (-1: none)
+    # Sent instead of ``prompt`` when set: the prompt as token ids, exactly
+    # ``prompt_tokens`` of them (trace replay, tools/bench/trace.py: no tokenizer between).
+    prompt_token_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
