@@ -47,6 +47,7 @@ def test_a_run_sums_up_to_its_medians_tokens_and_cpu_per_thousand_tokens():
     assert run["tpot_p50_s"] == pytest.approx(0.01)
     assert run["itl_p50_s"] == pytest.approx(0.01)
     assert run["tokens_per_s"] == 4.0
+    assert run["tokens_per_chunk"] == 8 / 7  # the first stream's first two came as one
     assert run["cpu_s_per_1k_tokens"] == {"router": 50.0, "decode engine": 200.0}
 
 

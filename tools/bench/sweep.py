@@ -45,20 +45,23 @@ def chunk_gaps(token_times: Sequence[float]) -> list[float]:
 def summarise(records: Iterable[RequestRecord], busy_cpu_s: dict[str, float],
               elapsed_s: float) -> dict[str, Any]:
     """One run's figures: TTFT p50/p95, TPOT p50 (a stream's time after its first token
-    over its later tokens), per-chunk ITL p50, E2E p50, tokens/s, and CPU-seconds per
-    1,000 streamed tokens by role (beyond the roles' idle use)."""
+    over its later tokens), per-chunk ITL p50, E2E p50, tokens/s, tokens per chunk, and
+    CPU-seconds per 1,000 streamed tokens by role (beyond the roles' idle use)."""
     records = list(records)
     ok = [record for record in records if record.ok]
     tokens = sum(record.output_tokens for record in ok)
     tpots = [(record.e2e - record.ttft) / (record.output_tokens - 1)
              for record in ok if record.output_tokens > 1]
     gaps = [gap for record in ok for gap in chunk_gaps(record.token_times)]
+    chunks = sum(len(set(record.token_times)) for record in ok)
     return {
         "requests": len(records), "n": len(ok),
         "ttft_p50_s": percentile([r.ttft for r in ok], 50),
         "ttft_p95_s": percentile([r.ttft for r in ok], 95),
         "tpot_p50_s": percentile(tpots, 50), "itl_p50_s": percentile(gaps, 50),
         "e2e_p50_s": percentile([r.e2e for r in ok], 50),
+        # tokens a client got per event: what the relay's per-chunk cost is divided by
+        "tokens_per_chunk": tokens / chunks if chunks else None,
         "tokens": tokens, "tokens_per_s": tokens / elapsed_s if elapsed_s > 0 else 0.0,
         "cpu_s_per_1k_tokens": {role: 1000 * seconds / tokens
                                 for role, seconds in busy_cpu_s.items()} if tokens else {},
