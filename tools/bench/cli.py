@@ -2,6 +2,7 @@
 
   pdserve bench run --base-url http://127.0.0.1:8000 --model tiny-llama --rate 2
   pdserve bench compare --config ray_configs/bench.yaml
+  pdserve bench compare --trace traces/azure_llm_2023_conv.csv --max-requests 30
   pdserve bench overhead --config ray_configs/bench.yaml
   pdserve bench transfer
 
@@ -17,6 +18,7 @@ import os
 from pathlib import Path
 
 from tools.bench.defaults import BENCH_CONFIG, IDLE_SAMPLE_S
+from tools.bench.rate_match import DEFAULT_MAX_PROBES, DEFAULT_START_RATE, DEFAULT_TOLERANCE
 from tools.bench.workload import WorkloadSpec
 
 
@@ -43,7 +45,8 @@ def add_parser(commands) -> None:
     _workload_args(run)
     _trace_args(run)
 
-    compare = sub.add_parser("compare", help="pdserve disaggregated vs one colocated vLLM")
+    compare = sub.add_parser("compare", help="pdserve disaggregated vs one colocated vLLM "
+                             "(--trace: each at the highest rate its SLO holds)")
     compare.add_argument("--config", type=Path, default=BENCH_CONFIG)
     compare.add_argument("--workloads", default="interference,reference")
     compare.add_argument("--setups", default="pdserve,colocated",
@@ -59,6 +62,8 @@ def add_parser(commands) -> None:
                               "--setups pdserve,chunk0,colocated --variant "
                               "chunk0:router.stream_chunk_interval_ms=0")
     _workload_args(compare)
+    _trace_slice_args(compare)
+    _search_args(compare)
 
     overhead = sub.add_parser("overhead", help="pdserve's added latency and relay CPU per token")
     overhead.add_argument("--config", type=Path, default=BENCH_CONFIG)
@@ -155,7 +160,8 @@ def _workload_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", default=None,
                         help="HF tokenizer dir used to size prompts (default: ~4 chars/token)")
     parser.add_argument("--ttft-slo", type=float, default=None,
-                        help="goodput's TTFT bound, s (default: the config's slo.ttft_p95_s)")
+                        help="goodput's TTFT bound, s, and compare --trace's p95 TTFT bound "
+                             "(default: the config's slo.ttft_p95_s)")
     parser.add_argument("--tpot-slo", type=float, default=None,
                         help="goodput's bound on time per output token, s (default: the "
                              "config's slo.tpot_s)")
@@ -164,7 +170,20 @@ def _workload_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _trace_args(parser: argparse.ArgumentParser) -> None:
-    """The flags that replay a recorded trace instead of the synthetic workload (run)."""
+    """The flags that replay a recorded trace instead of the synthetic workload (run): the
+    slice's, and how fast it is played."""
+    _trace_slice_args(parser)
+    pace = parser.add_mutually_exclusive_group()
+    pace.add_argument("--speedup", type=float, default=None,
+                      help="play the trace this many times as fast (default: as recorded)")
+    pace.add_argument("--trace-rate", type=float, default=None,
+                      help="time-scale the slice to this mean rate, requests/s ((n-1)/span); "
+                           "--rates instead sweeps several")
+
+
+def _trace_slice_args(parser: argparse.ArgumentParser) -> None:
+    """The flags that choose a trace's slice and fit it to the served context (run,
+    compare)."""
     parser.add_argument("--trace", type=Path, default=None,
                         help="replay this request trace (Azure LLM CSV or Mooncake "
                              "JSONL; excerpts in tests/unit/data/traces/): its arrivals and "
@@ -174,12 +193,6 @@ def _trace_args(parser: argparse.ArgumentParser) -> None:
                              "(tools/bench/trace.py)")
     parser.add_argument("--trace-format", choices=["auto", "azure", "mooncake"],
                         default="auto", help="the trace's format (auto: by its first line)")
-    pace = parser.add_mutually_exclusive_group()
-    pace.add_argument("--speedup", type=float, default=None,
-                      help="play the trace this many times as fast (default: as recorded)")
-    pace.add_argument("--trace-rate", type=float, default=None,
-                      help="time-scale the slice to this mean rate, requests/s ((n-1)/span); "
-                           "--rates instead sweeps several")
     parser.add_argument("--start", type=float, default=0.0,
                         help="seconds into the trace where the slice starts")
     parser.add_argument("--duration", type=float, default=None,
@@ -193,6 +206,23 @@ def _trace_args(parser: argparse.ArgumentParser) -> None:
                         help="the served context, prompt + output tokens (default: the "
                              "--config's engine.max_model_len, else "
                              f"{WorkloadSpec.max_model_len})")
+
+
+def _search_args(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``compare --trace``'s rate search (tools/bench/rate_match.py)."""
+    parser.add_argument("--search-start-rate", type=float, default=DEFAULT_START_RATE,
+                        help="with --trace: the first rate probed, requests/s (the slice "
+                             "time-scaled to it); doubled while the SLO holds, halved while "
+                             "it fails, then bisected")
+    parser.add_argument("--search-max-probes", type=int, default=DEFAULT_MAX_PROBES,
+                        help="with --trace: at most this many probes (runs of the slice) "
+                             "per setup")
+    parser.add_argument("--search-tolerance", type=float, default=DEFAULT_TOLERANCE,
+                        help="with --trace: stop once the lowest failed rate is within this "
+                             "factor of the highest held one")
+    parser.add_argument("--itl-slo", type=float, default=None,
+                        help="with --trace: the search's p95 ITL bound, s (default: the "
+                             "config's slo.itl_p95_s; --ttft-slo bounds the p95 TTFT)")
 
 
 def main(args: argparse.Namespace) -> int:

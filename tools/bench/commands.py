@@ -4,7 +4,8 @@ transfer.
 Each ``bench_<command>(args)`` takes the parsed flags of tools/bench/cli.py, prints its
 tables and writes its JSON (and plots) under ``--out``; the measuring is in
 tools/bench/measure.py, the servers in tools/bench/servers.py, the tables in
-tools/bench/tables.py and tools/bench/overhead.py.
+tools/bench/tables.py and tools/bench/overhead.py; ``--trace`` runs and comparisons in
+tools/bench/trace_commands.py.
 """
 
 from __future__ import annotations
@@ -15,10 +16,9 @@ from dataclasses import asdict, replace
 from cluster.config import PDServeConfig, load_config
 from cluster.engine.args import CPU_BIND_ENV
 from cluster.slo import SLOConfig
-from tools.bench import cpu, quality, report, tables, trace
+from tools.bench import cpu, quality, report, tables, trace_commands
 from tools.bench.defaults import COMPARE_REFERENCE_PORT, REPO
 from tools.bench.measure import (
-    measure_requests,
     measure_workload,
     metrics_url_of,
     quality_positions,
@@ -28,7 +28,13 @@ from tools.bench.measure import (
     vllm_phases_since,
     work_since,
 )
-from tools.bench.servers import compare_setup, compare_variants, machine, warm_up, write_config
+from tools.bench.servers import (
+    compare_setup,
+    compare_variants,
+    machine,
+    warm_up,
+    write_config,
+)
 from tools.bench.stats import SLO, RequestRecord
 from tools.bench.workload import WorkloadSpec, plan
 
@@ -65,7 +71,7 @@ def bench_run(args) -> int:
     metrics_url = args.metrics_url or (
         None if served_config is None else metrics_url_of(served_config))
     if args.trace is not None:
-        return _run_trace(args, served_config, slo, metrics_url)
+        return trace_commands.run_trace(args, served_config, slo, metrics_url)
     count_tokens = token_counter(args.tokenizer)
     rates = [float(r) for r in args.rates.split(",")] if args.rates else [args.rate]
     sweep, runs = [], {}
@@ -91,120 +97,6 @@ def bench_run(args) -> int:
     return 0
 
 
-# ---- run --trace -----------------------------------------------------------------------
-
-def _run_trace(args, served_config: PDServeConfig | None, slo: SLO,
-               metrics_url: str | None) -> int:
-    """``bench run --trace``: a slice of a recorded trace, fitted to the served context and
-    paced as recorded, ``--speedup`` times as fast, or at each of ``--trace-rate`` /
-    ``--rates`` (tools/bench/trace.py); results named after the trace file."""
-    if args.rates and (args.speedup is not None or args.trace_rate is not None):
-        raise SystemExit("bench run --trace: --rates paces the slice at each rate; "
-                         "give it without --speedup or --trace-rate")
-    max_model_len = args.max_model_len or (
-        WorkloadSpec.max_model_len if served_config is None
-        else served_config.engine.max_model_len)
-    if max_model_len < 2:
-        raise SystemExit("bench run --max-model-len: at least 2 (a prompt and an answer)")
-    requests, fit = trace.fit_to_window(_trace_slice(args), max_model_len, args.too_long)
-    if not requests:
-        raise SystemExit(f"bench run --trace {args.trace}: no request to replay in the "
-                         "slice (--start, --duration, --too-long)")
-    vocab = _trace_vocab(args, served_config)
-    name = args.trace.stem
-    paces = _trace_paces(args, requests)
-    sweep, runs = [], {}
-    for label, speedup in paces:
-        paced = trace.scale_time(requests, speedup)
-        print(_trace_line(name, args, paced, fit, max_model_len, speedup))
-        # each pace its own prompts: none cached by the run before
-        seed = args.seed if len(paces) == 1 else f"{args.seed}@{label}"
-        records, summary = measure_requests(
-            args.base_url, args.model, trace.plan_trace(paced, vocab, seed), slo,
-            not args.no_progress, f"{name} @ {label}", args.api_key, metrics_url)
-        summary["trace"] = _trace_settings(args, fit, max_model_len, speedup, paced)
-        print(report.table(f"{name} @ {label}", summary["all"]))
-        sweep.append((trace.mean_rate(paced) or 0.0, summary["all"]))
-        runs[label] = records
-        report.write_json(args.out / f"run-{name}-{label}.json",
-                          {**summary, "records": [asdict(r) for r in records]})
-    report.ttft_cdf_plot(args.out / f"run-{name}-ttft-cdf.png", runs, f"TTFT, trace {name}")
-    if len(sweep) > 1:
-        report.load_sweep_plot(args.out / f"run-{name}-sweep.png", sweep,
-                               f"latency against offered load, trace {name}")
-    print(f"results in {args.out}/")
-    return 0
-
-
-def _trace_slice(args) -> list[trace.TraceRequest]:
-    """The trace file's requests in the ``--start``/``--duration`` window, the first
-    ``--max-requests`` of them."""
-    if args.max_requests is not None and args.max_requests < 1:
-        raise SystemExit("bench run --max-requests: at least 1")
-    try:
-        with args.trace.open() as lines:
-            requests = trace.read_trace(lines, args.trace_format)
-        requests = trace.window(requests, args.start, args.duration)
-    except (OSError, ValueError) as error:
-        raise SystemExit(f"bench run --trace {args.trace}: {error}") from None
-    return requests[:args.max_requests]
-
-
-def _trace_vocab(args, served_config: PDServeConfig | None) -> list[int]:
-    """The token ids a trace's prompts are drawn from: the served model's tokenizer's
-    (``--tokenizer``, else the ``--config``'s model), special ones left out."""
-    path = args.tokenizer or (None if served_config is None else str(served_config.model.path))
-    if path is None:
-        raise SystemExit("bench run --trace: its prompts are token ids of the served model's "
-                         "vocabulary: give --tokenizer (or --config)")
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    return trace.usable_vocab(tokenizer.vocab_size, tokenizer.all_special_ids)
-
-
-def _trace_paces(args, requests: list[trace.TraceRequest]) -> list[tuple[str, float]]:
-    """Each run's (label, speedup): one per ``--rates`` rate, else ``--trace-rate``, else
-    ``--speedup``, else as recorded (x1). A rate is the slice's mean, (n - 1) / span."""
-    rates = ([float(r) for r in args.rates.split(",")] if args.rates
-             else [] if args.trace_rate is None else [args.trace_rate])
-    if not rates:
-        speedup = 1.0 if args.speedup is None else args.speedup
-        if speedup <= 0:
-            raise SystemExit("bench run --speedup: > 0")
-        return [(f"x{speedup:g}", speedup)]
-    recorded = trace.mean_rate(requests)
-    if recorded is None:
-        raise SystemExit("bench run --trace: the slice has no rate to scale (one request, "
-                         "or all at one instant); drop --trace-rate/--rates")
-    if min(rates) <= 0:
-        raise SystemExit("bench run --trace-rate/--rates: > 0")
-    return [(f"{rate}", rate / recorded) for rate in rates]
-
-
-def _trace_line(name: str, args, paced: list[trace.TraceRequest], fit: trace.FitReport,
-                max_model_len: int, speedup: float) -> str:
-    """The one line saying what is replayed: the window's requests, how many were clipped
-    and skipped, the time scale and the resulting mean rate."""
-    end = "end" if args.duration is None else f"{args.start + args.duration:g} s"
-    rate = trace.mean_rate(paced)
-    return (f"trace {name} [{args.start:g} s, {end}): {fit.total} requests, "
-            f"{fit.clipped} clipped and {fit.skipped} skipped ({args.too_long} to "
-            f"{max_model_len} tokens), {len(paced)} sent; time x{speedup:.3g} "
-            f"(arrivals / {speedup:.3g}), mean rate "
-            f"{'-' if rate is None else f'{rate:.3g}'} req/s")
-
-
-def _trace_settings(args, fit: trace.FitReport, max_model_len: int, speedup: float,
-                    paced: list[trace.TraceRequest]) -> dict:
-    """What the run's JSON records of the trace: which slice, fitted how, paced how."""
-    return {"path": str(args.trace), "format": args.trace_format, "start_s": args.start,
-            "duration_s": args.duration, "max_requests": args.max_requests,
-            "too_long": args.too_long, "max_model_len": max_model_len,
-            "fit": asdict(fit), "speedup": speedup, "mean_rate": trace.mean_rate(paced),
-            "seed": args.seed}
-
-
 # ---- compare ---------------------------------------------------------------------------
 
 def bench_compare(args) -> int:
@@ -215,11 +107,13 @@ def bench_compare(args) -> int:
     config = load_config(args.config)
     ensure_checkpoints(config)
     slo = _goodput_slo(args, config.slo)
-    count_tokens = token_counter(args.tokenizer or str(config.model.path))
     log_dir = args.out / "logs"
     variants = compare_variants(args.config, args.variant, args.out)
     setups = {name: compare_setup(name, args.config, config, log_dir, variants)
               for name in args.setups.split(",")}
+    if args.trace is not None:
+        return trace_commands.compare_trace(args, config, slo, setups, variants)
+    count_tokens = token_counter(args.tokenizer or str(config.model.path))
     results: dict[str, dict[str, dict]] = {}
     records: dict[str, dict[str, list[RequestRecord]]] = {}
     for setup, start in setups.items():

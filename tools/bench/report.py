@@ -82,3 +82,37 @@ def load_sweep_plot(path: Path, sweep: list[tuple[float, dict]], title: str) -> 
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def goodput_rate_plot(path: Path, curves: dict[str, list[tuple[float, float, bool]]],
+                      title: str) -> None:
+    """Goodput against offered rate (requests/s), one line per setup through its probes
+    (each: rate, goodput, whether the SLO held; filled markers held, hollow ones failed),
+    beside the line where every offered request is goodput."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for setup, probes in curves.items():
+        points = sorted(probes)
+        if not points:
+            continue
+        (line,) = axes.plot([p[0] for p in points], [p[1] for p in points], label=setup)
+        for rate, goodput, held in points:
+            axes.plot([rate], [goodput], marker="o", color=line.get_color(),
+                      markerfacecolor=line.get_color() if held else "none")
+    rates = [p[0] for probes in curves.values() for p in probes]
+    if rates:  # the ideal: every request offered is goodput
+        axes.plot([0, max(rates)], [0, max(rates)], linestyle=":", color="grey",
+                  label="offered")
+    axes.set_xlabel("offered rate (requests/s)")
+    axes.set_ylabel("goodput (requests/s meeting the SLO)")
+    axes.set_title(title)
+    axes.grid(True, alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

@@ -79,7 +79,7 @@ def compare_setup(name: str, config_path: Path, config: PDServeConfig, log_dir: 
     if name == "colocated":
         return lambda: processes.start_vllm_server(
             config, COMPARE_REFERENCE_PORT, log_dir, REPO, name="colocated-vllm",
-            role="decode", cpu_bind=_all_cores_bind(config))
+            role="decode", cpu_bind=all_cores_bind(config))
     if name in ("serve-llm", "serve-llm-per-token"):
         return _serve_llm_setup(name, config_path, log_dir)
     raise SystemExit(f"bench compare: unknown setup {name!r} ({', '.join(COMPARE_SETUPS)}, "
@@ -103,7 +103,7 @@ def _serve_llm_setup(name: str, config_path: Path, log_dir: Path):
     return start
 
 
-def _all_cores_bind(config: PDServeConfig) -> str | None:
+def all_cores_bind(config: PDServeConfig) -> str | None:
     """The colocated engine gets every core the two pools use together."""
     cores = []
     for pool in (config.prefill, config.decode):
