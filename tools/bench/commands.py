@@ -74,7 +74,7 @@ def bench_run(args) -> int:
         return trace_commands.run_trace(args, served_config, slo, metrics_url)
     count_tokens = token_counter(args.tokenizer)
     rates = [float(r) for r in args.rates.split(",")] if args.rates else [args.rate]
-    sweep, runs = [], {}
+    runs = []
     for rate in rates:
         spec = _spec(args, rate=rate)
         if len(rates) > 1:   # each rate its own prompts: none cached by the rate before
@@ -84,15 +84,8 @@ def bench_run(args) -> int:
                                             f"{spec.name} @ {rate}/s", args.api_key,
                                             metrics_url)
         print(report.table(f"{spec.name} @ {rate} req/s", summary["all"]))
-        sweep.append((rate, summary["all"]))
-        runs[f"{rate} req/s"] = records
-        report.write_json(args.out / f"run-{spec.name}-{rate}.json",
-                          {**summary, "records": [asdict(r) for r in records]})
-    report.ttft_cdf_plot(args.out / f"run-{args.workload}-ttft-cdf.png", runs,
-                         f"TTFT, {args.workload} workload")
-    if len(sweep) > 1:
-        report.load_sweep_plot(args.out / f"run-{args.workload}-sweep.png", sweep,
-                               f"latency against offered load, {args.workload} workload")
+        runs.append((f"{rate}", rate, records, summary))
+    report.write_runs(args.out, args.workload, f"{args.workload} workload", runs)
     print(f"results in {args.out}/")
     return 0
 

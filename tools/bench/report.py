@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 from tools.bench.stats import RequestRecord
@@ -33,6 +34,23 @@ def table(name: str, summary: dict) -> str:
 def write_json(path: Path, result: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+
+
+def write_runs(out: Path, name: str, what: str,
+               runs: list[tuple[str, float, list[RequestRecord], dict]]) -> None:
+    """``bench run``'s files under ``out``: each run's JSON (``run-<name>-<label>.json``,
+    its summary and records), the runs' TTFT CDF and, for several, latency against the
+    offered rate. ``runs``: (label, offered rate, records, summary) each; ``what`` names
+    the workload in the plots' titles."""
+    for label, _, records, summary in runs:
+        write_json(out / f"run-{name}-{label}.json",
+                   {**summary, "records": [asdict(r) for r in records]})
+    ttft_cdf_plot(out / f"run-{name}-ttft-cdf.png",
+                  {label: records for label, _, records, _ in runs}, f"TTFT, {what}")
+    if len(runs) > 1:
+        load_sweep_plot(out / f"run-{name}-sweep.png",
+                        [(rate, summary["all"]) for _, rate, _, summary in runs],
+                        f"latency against offered load, {what}")
 
 
 def ttft_cdf_plot(path: Path, runs: dict[str, list[RequestRecord]], title: str) -> None:

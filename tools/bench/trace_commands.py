@@ -32,7 +32,7 @@ def run_trace(args, served_config: PDServeConfig | None, slo: SLO,
     vocab = _trace_vocab(args, served_config)
     name = args.trace.stem
     paces = _trace_paces(args, requests)
-    sweep, runs = [], {}
+    runs = []
     for label, speedup in paces:
         paced = trace.scale_time(requests, speedup)
         print(_trace_line(name, args, paced, fit, max_model_len, speedup))
@@ -43,14 +43,8 @@ def run_trace(args, served_config: PDServeConfig | None, slo: SLO,
             not args.no_progress, f"{name} @ {label}", args.api_key, metrics_url)
         summary["trace"] = _trace_settings(args, fit, max_model_len, speedup, paced)
         print(report.table(f"{name} @ {label}", summary["all"]))
-        sweep.append((trace.mean_rate(paced) or 0.0, summary["all"]))
-        runs[label] = records
-        report.write_json(args.out / f"run-{name}-{label}.json",
-                          {**summary, "records": [asdict(r) for r in records]})
-    report.ttft_cdf_plot(args.out / f"run-{name}-ttft-cdf.png", runs, f"TTFT, trace {name}")
-    if len(sweep) > 1:
-        report.load_sweep_plot(args.out / f"run-{name}-sweep.png", sweep,
-                               f"latency against offered load, trace {name}")
+        runs.append((label, trace.mean_rate(paced) or 0.0, records, summary))
+    report.write_runs(args.out, name, f"trace {name}", runs)
     print(f"results in {args.out}/")
     return 0
 
