@@ -54,7 +54,10 @@ def _add_replay_arguments(plan) -> None:
     plan.add_argument("--calibration", type=Path, default=None,
                       help="replay: a `pdserve plan calibrate` file")
     plan.add_argument("--trace", type=Path, action="append", default=[],
-                      help="replay: a `pdserve bench run` JSON file (repeatable)")
+                      help="replay: a `pdserve bench run` JSON file (repeatable); size: "
+                      "one public request trace (Azure LLM 2023 CSV or Mooncake JSONL, "
+                      "--trace-format) whose lengths and burstiness the plan is sized for "
+                      "at --rate, instead of the drawn --workload")
     plan.add_argument("--fit-runs", type=_positive, default=1,
                       help="replay: how many of the first --trace runs fit the serving "
                       "layer's cost (runs at two or more loads fit its growth with load; "
@@ -106,6 +109,8 @@ def _add_workload_arguments(plan) -> None:
     plan.add_argument("--rate", type=float, default=5200.0, help="peak requests/s")
     plan.add_argument("--workload", default="reference", choices=["reference",
                                                                   "interference"])
+    plan.add_argument("--trace-format", default="auto", choices=["auto", "azure", "mooncake"],
+                      help="size: --trace's format (auto: told by its first line)")
     plan.add_argument("--shared-prefix-tokens", type=int, default=0,
                       help="every first prompt starts with one of --prefix-groups shared "
                       "heads (system prompts) this long, which the simulated engines' "

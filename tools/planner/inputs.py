@@ -1,5 +1,5 @@
-"""``pdserve plan``'s arguments as the planner's inputs (shell: reads ``--base-config``
-and the model's ``config.json``)."""
+"""``pdserve plan``'s arguments as the planner's inputs (shell: reads ``--base-config``,
+the model's ``config.json`` and ``--trace``)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import yaml
 
 from cluster.config import parse_config
 from router.admission import AdmissionPolicy
+from tools.bench.trace import read_trace
 from tools.bench.workload import WorkloadSpec
 from tools.planner.cost_model import Roofline, Transfer
 from tools.planner.des import EngineLimits, RouterTier
@@ -17,6 +18,9 @@ from tools.planner.hardware import CATALOG
 from tools.planner.model import LLAMA_3_1_70B, ModelShape
 from tools.planner.search import PlanInputs, Slo
 from tools.planner.speculation import from_accepted_share, from_counts
+from tools.planner.trace_workload import with_trace
+
+MAX_MODEL_LEN = 10240   # the planned engines' context (prod-70b.yaml's engine.max_model_len)
 
 
 def load_model_config(name: str) -> dict:
@@ -58,17 +62,34 @@ def inputs_from(args) -> PlanInputs:
         decode=EngineLimits(args.decode_batched_tokens, args.decode_max_seqs,
                             max_ongoing=base.decode.max_ongoing_requests),
         transfer=Transfer(args.prefill_tp[0] * accelerator.link_bandwidth),
-        workload=WorkloadSpec(name=args.workload, rate=args.rate, seed=args.seed,
-                              max_model_len=10240,
-                              shared_prefix_tokens=args.shared_prefix_tokens,
-                              prefix_groups=args.prefix_groups, turns=args.turns,
-                              think_s=args.think_s),
+        workload=workload_from(args),
         slo=Slo(args.ttft_p95, args.itl_p95), threshold_tokens=args.threshold[0],
         sim_seconds=args.sim_seconds, slice_replicas=args.slice_replicas,
         prefix_hit=args.prefix_hit, response_cache_hit=args.response_cache_hit,
         answer_reuse=args.answer_reuse, routers=routers,
         routers_per_decode=routers_per_decode,
         shared_router_view=args.router_views == "shared", speculation=_speculation(args))
+
+
+def workload_from(args) -> WorkloadSpec:
+    """The traffic of ``args``: the drawn ``--workload``, or with ``--trace`` (size: one
+    file) that trace's lengths and burstiness (tools/planner/trace_workload.py), at
+    ``--rate`` either way."""
+    spec = WorkloadSpec(name=args.workload, rate=args.rate, seed=args.seed,
+                        max_model_len=MAX_MODEL_LEN,
+                        shared_prefix_tokens=args.shared_prefix_tokens,
+                        prefix_groups=args.prefix_groups, turns=args.turns,
+                        think_s=args.think_s)
+    if not args.trace:
+        return spec
+    if len(args.trace) > 1:
+        raise ValueError(f"size plans for one --trace, not {len(args.trace)}")
+    path = args.trace[0]
+    if not path.is_file():
+        raise ValueError(f"no trace {path}")
+    with path.open() as lines:
+        requests = read_trace(lines, args.trace_format)
+    return with_trace(spec, requests, path.name)
 
 
 def _speculation(args):

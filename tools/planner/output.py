@@ -12,6 +12,7 @@ from typing import Any
 from tools.planner.day import DayResult
 from tools.planner.search import Plan
 from tools.planner.standby_fit import FittedStandby
+from tools.planner.workload import description
 
 
 def figures(plan: Plan, peak_to_mean: float) -> dict[str, Any]:
@@ -22,6 +23,7 @@ def figures(plan: Plan, peak_to_mean: float) -> dict[str, Any]:
     inputs = plan.inputs
     return {
         "rate_per_s": inputs.workload.rate,
+        "workload": description(inputs.workload),
         "accelerator": inputs.prefill_cost.accelerator.name,
         "prefill": {"replicas": prediction.prefill_replicas, "tp": inputs.prefill_cost.tp,
                     "gpus": prefill_gpus, "busy": prediction.prefill_busy},
@@ -47,6 +49,7 @@ def table(answer: dict[str, Any]) -> str:
     ms = {name: {q: f"{value * 1000:.0f}" for q, value in answer[name].items()}
           for name in ("ttft_s", "itl_s")}
     rows = [
+        ("workload", workload_text(answer["workload"])),
         ("prefill pool", f"{answer['prefill']['replicas']} replicas x TP{answer['prefill']['tp']}"
                          f" = {answer['prefill']['gpus']} {answer['accelerator']}"),
         ("decode pool", f"{answer['decode']['replicas']} replicas x TP{answer['decode']['tp']}"
@@ -66,6 +69,19 @@ def table(answer: dict[str, Any]) -> str:
         rows.append(("router replicas; requests admission refused",
                      f"{answer['router_replicas']:,}; {answer['refused']:.2%}"))
     return "\n".join(["| | plan |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows])
+
+
+def workload_text(workload: dict[str, Any]) -> str:
+    """One line for the plan's table: which traffic it was sized for (``description``)."""
+    lengths = (f"prompts {workload['mean_prompt_tokens']:,.0f} / outputs "
+               f"{workload['mean_output_tokens']:,.0f} tokens on average")
+    if workload["source"] != "trace":
+        return f"{workload['source']} (drawn): {lengths}, Poisson arrivals"
+    burst = workload["peak_to_mean_10s"]
+    burst = f", peak / mean of its 10 s counts {burst:.2f}" if burst is not None else ""
+    return (f"trace {workload['trace']}: {workload['requests']:,} requests, {lengths} "
+            f"({workload['clipped']:,} clipped to {workload['max_model_len']:,}); arrivals "
+            f"gamma renewal at its CV² {workload['interarrival_cv2']:.2f}{burst}")
 
 
 def config_document(plan: Plan, base: dict[str, Any],

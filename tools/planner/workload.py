@@ -1,6 +1,6 @@
 """The traffic a plan is sized for (pure): the benchmark's workloads as lengths only, at
-a rate (with their shared heads and conversations), and a day's rate curve around its
-peak."""
+a rate (with their shared heads and conversations), or a recorded trace's lengths and
+burstiness (tools/planner/trace_workload.py), and a day's rate curve around its peak."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from tools.planner.des import (
     check_answer_reuse,
     repeated_tokens,
 )
+from tools.planner.trace_workload import trace_of
 
 
 def requests(spec: WorkloadSpec, prefix_hit: float = 0.0,
@@ -49,8 +50,8 @@ def _first_turns(spec: WorkloadSpec, prefix_hit: float) -> list[SimRequest]:
     groups = random.Random(spec.seed + 3)
     shared = spec.shared_prefix_tokens
     result = []
-    for index, send_at in enumerate(arrival_times(spec, rng)):
-        prompt, output, _ = request_lengths(spec, lengths)
+    for index, send_at in enumerate(_arrival_times(spec, rng)):
+        prompt, output = _lengths(spec, lengths)
         prompt = max(8, round(prompt * spec.scale))
         group = groups.randrange(spec.prefix_groups) if shared else -1
         if shared:   # the head, then at least the request's own few tokens
@@ -60,6 +61,24 @@ def _first_turns(spec: WorkloadSpec, prefix_hit: float) -> list[SimRequest]:
                                  group=group, group_tokens=shared if shared else 0,
                                  conversation=index if spec.turns > 1 else -1))
     return result
+
+
+def _arrival_times(spec: WorkloadSpec, rng: random.Random) -> list[float]:
+    """``spec.num_requests`` arrivals at ``spec.rate``: its trace's burstiness, or the
+    drawn workloads' Poisson."""
+    trace = trace_of(spec)
+    if trace is None:
+        return arrival_times(spec, rng)
+    return trace.arrival_times(spec.rate, spec.num_requests, rng)
+
+
+def _lengths(spec: WorkloadSpec, rng: random.Random) -> tuple[int, int]:
+    """One request's prompt and output tokens, before scaling: a pair of its trace's, or
+    drawn as the benchmark draws them."""
+    trace = trace_of(spec)
+    if trace is None:
+        return request_lengths(spec, rng)[:2]
+    return trace.draw_lengths(rng)
 
 
 def _later_turns(spec: WorkloadSpec, first: list[SimRequest], prefix_hit: float,
@@ -96,11 +115,33 @@ def _later_turns(spec: WorkloadSpec, first: list[SimRequest], prefix_hit: float,
 
 
 def mean_lengths(spec: WorkloadSpec, samples: int = 20_000) -> tuple[float, float]:
-    """Mean prompt and output tokens of ``spec``'s requests (by sampling)."""
+    """Mean prompt and output tokens of ``spec``'s requests (by sampling; a trace's
+    exactly)."""
+    trace = trace_of(spec)
+    if trace is not None:
+        prompt, output = trace.mean_lengths()
+        return prompt * spec.scale, output * spec.scale
     rng = random.Random(spec.seed + 7)
     drawn = [request_lengths(spec, rng) for _ in range(samples)]
     return (sum(p for p, _, _ in drawn) / samples * spec.scale,
             sum(o for _, o, _ in drawn) / samples * spec.scale)
+
+
+def description(spec: WorkloadSpec) -> dict:
+    """What traffic a plan was sized for: the drawn workload's name, or the trace's name,
+    requests and how many were clipped to the context; the mean lengths; and the
+    arrivals' process and burstiness (CV^2 of the gaps; peak over mean of a trace's
+    10 s counts)."""
+    prompt, output = mean_lengths(spec)
+    trace = trace_of(spec)
+    if trace is None:
+        return {"source": spec.name, "mean_prompt_tokens": prompt,
+                "mean_output_tokens": output, "arrivals": "poisson", "interarrival_cv2": 1.0}
+    return {"source": "trace", "trace": trace.name, "requests": trace.requests,
+            "clipped": trace.clipped, "max_model_len": trace.max_model_len,
+            "mean_prompt_tokens": prompt, "mean_output_tokens": output,
+            "arrivals": "gamma renewal", "interarrival_cv2": trace.interarrival_cv2,
+            "peak_to_mean_10s": trace.peak_to_mean, "recorded_rate_per_s": trace.recorded_rate}
 
 
 def diurnal_shape(peak_to_mean: float, night_share: float = 0.05,
