@@ -99,6 +99,7 @@ def add_parser(commands) -> None:
     variants.add_argument("--variant", action="append", required=True,
                           help="name:key.path=value,... (repeat; the first is the baseline)")
     _workload_args(variants)
+    _trace_args(variants)
     variants.add_argument("--quality-passages", type=int, default=0,
                           help="also compare each variant's next-token distributions on this "
                                "many held-out passages with the first's (tools/bench/"
@@ -170,8 +171,8 @@ def _workload_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _trace_args(parser: argparse.ArgumentParser) -> None:
-    """The flags that replay a recorded trace instead of the synthetic workload (run): the
-    slice's, and how fast it is played."""
+    """The flags that replay a recorded trace instead of the synthetic workload (run,
+    variants): the slice's, and how fast it is played."""
     _trace_slice_args(parser)
     pace = parser.add_mutually_exclusive_group()
     pace.add_argument("--speedup", type=float, default=None,

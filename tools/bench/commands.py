@@ -19,6 +19,7 @@ from cluster.slo import SLOConfig
 from tools.bench import cpu, quality, report, tables, trace_commands
 from tools.bench.defaults import COMPARE_REFERENCE_PORT, REPO
 from tools.bench.measure import (
+    measure_requests,
     measure_workload,
     metrics_url_of,
     quality_positions,
@@ -36,7 +37,7 @@ from tools.bench.servers import (
     write_config,
 )
 from tools.bench.stats import SLO, RequestRecord
-from tools.bench.workload import WorkloadSpec, plan
+from tools.bench.workload import PlannedRequest, WorkloadSpec, plan
 
 
 def _spec(args, workload: str | None = None, rate: float | None = None,
@@ -161,13 +162,17 @@ def bench_variants(args) -> int:
 
     variants = [parse_variant(text) for text in args.variant]
     base = yaml.safe_load(args.config.read_text())
+    base_config = parse_config(base, source=str(args.config))
     # one bound for every variant (the base config's), so their goodputs compare
-    slo = _goodput_slo(args, parse_config(base, source=str(args.config)).slo)
+    slo = _goodput_slo(args, base_config.slo)
     args.out.mkdir(parents=True, exist_ok=True)
+    # a trace's slice is planned once: every variant gets the same token ids
+    replayed = (None if args.trace is None
+                else trace_commands.planned_slice(args, base_config))
     summaries: dict[str, dict] = {}
     positions: dict[str, list[list[quality.Position]]] = {}
     for variant in variants:
-        summary = _run_variant(args, base, variant, slo, positions)
+        summary = _run_variant(args, base, variant, slo, positions, replayed)
         if positions:
             summary["quality"] = quality.compare(positions[variants[0].name],
                                                  positions[variant.name]).to_json()
@@ -184,9 +189,11 @@ def bench_variants(args) -> int:
 
 
 def _run_variant(args, base: dict, variant, slo: SLO,
-                 positions: dict[str, list[list[quality.Position]]]) -> dict:
-    """Serve one variant, run the workload against it and summarise it (with its engines'
-    CPU by role); with ``--quality-passages``, add its held-out logprobs to ``positions``."""
+                 positions: dict[str, list[list[quality.Position]]],
+                 replayed: list[PlannedRequest] | None = None) -> dict:
+    """Serve one variant, run the workload (or ``replayed``, a trace's planned slice)
+    against it and summarise it (with its engines' CPU by role); with
+    ``--quality-passages``, add its held-out logprobs to ``positions``."""
     from cluster.checkpoints import ensure_checkpoints
     from cluster.config import parse_config
     from tools import processes
@@ -196,16 +203,21 @@ def _run_variant(args, base: dict, variant, slo: SLO,
     config = parse_config(document, source=f"variant {variant.name}")
     path = write_config(document, args.out / f"variant-{variant.name}.yaml")
     ensure_checkpoints(config)
-    count_tokens = token_counter(args.tokenizer or str(config.model.path))
-    spec = _spec(args, max_model_len=config.engine.max_model_len)
     started = processes.start_pdserve(path, config, args.out / "logs", REPO,
                                       name=f"pdserve-{variant.name}")
     with processes.running(started) as server:
         warm_up(server.base_url, config.model.name)
         cpu_before = cpu.sample_processes()
-        _, summary = measure_workload(server.base_url, config.model.name, spec, count_tokens,
-                                      slo, not args.no_progress, variant.name,
-                                      metrics_url=metrics_url_of(config))
+        if replayed is None:
+            count_tokens = token_counter(args.tokenizer or str(config.model.path))
+            spec = _spec(args, max_model_len=config.engine.max_model_len)
+            _, summary = measure_workload(server.base_url, config.model.name, spec,
+                                          count_tokens, slo, not args.no_progress,
+                                          variant.name, metrics_url=metrics_url_of(config))
+        else:
+            _, summary = measure_requests(server.base_url, config.model.name, replayed, slo,
+                                          not args.no_progress, variant.name,
+                                          metrics_url=metrics_url_of(config))
         summary["cpu_s_by_role"] = cpu.cpu_by_role(cpu_before, cpu.sample_processes(),
                                                    server.process.pid)
         if args.quality_passages:

@@ -13,7 +13,7 @@ from tools.bench import rate_match, report, trace
 from tools.bench.measure import measure_requests
 from tools.bench.servers import all_cores_bind, machine, warm_up
 from tools.bench.stats import SLO
-from tools.bench.workload import WorkloadSpec
+from tools.bench.workload import PlannedRequest, WorkloadSpec
 
 # ---- run --trace -----------------------------------------------------------------------
 
@@ -47,6 +47,18 @@ def run_trace(args, served_config: PDServeConfig | None, slo: SLO,
     report.write_runs(args.out, name, f"trace {name}", runs)
     print(f"results in {args.out}/")
     return 0
+
+
+def planned_slice(args, config: PDServeConfig) -> list[PlannedRequest]:
+    """``bench variants --trace``: the slice fitted to ``config``'s context and paced once
+    (``--speedup`` or ``--trace-rate``), planned with ``--seed``: the same requests for
+    every variant, each served by a cluster of its own (so none finds another's KV)."""
+    max_model_len = args.max_model_len or config.engine.max_model_len
+    requests, fit = _fitted_trace(args, max_model_len)
+    [(_, speedup)] = _trace_paces(args, requests)
+    paced = trace.scale_time(requests, speedup)
+    print(_trace_line(args.trace.stem, args, paced, fit, max_model_len, speedup))
+    return trace.plan_trace(paced, _trace_vocab(args, config), args.seed)
 
 
 def _command(args) -> str:
@@ -98,7 +110,8 @@ def _trace_vocab(args, served_config: PDServeConfig | None) -> list[int]:
 def _trace_paces(args, requests: list[trace.TraceRequest]) -> list[tuple[str, float]]:
     """Each run's (label, speedup): one per ``--rates`` rate, else ``--trace-rate``, else
     ``--speedup``, else as recorded (x1). A rate is the slice's mean, (n - 1) / span."""
-    rates = ([float(r) for r in args.rates.split(",")] if args.rates
+    swept = getattr(args, "rates", None)  # run's flag only
+    rates = ([float(r) for r in swept.split(",")] if swept
              else [] if args.trace_rate is None else [args.trace_rate])
     if not rates:
         speedup = 1.0 if args.speedup is None else args.speedup
