@@ -59,12 +59,14 @@ TRACES = REPO / "tests/unit/data/traces"
 
 
 def replay(pdserve: str, out, trace: str, *flags: str) -> subprocess.CompletedProcess:
-    """``pdserve bench run --trace`` against the test cluster, as a user runs it."""
+    """``pdserve bench run --trace`` against the test cluster, as a user runs it (pass
+    ``--config`` among ``flags`` for the engines' counters: reading them waits for the
+    cluster's metrics to settle before and after, ~20 s)."""
     completed = subprocess.run(
         [sys.executable, "-m", "cluster.cli", "bench", "run", "--base-url", pdserve,
          "--model", MODEL, "--trace", str(TRACES / trace), *flags,
          "--tokenizer", str(CONFIG.model.path), "--out", str(out), "--no-progress",
-         "--api-key", API_KEY, "--config", str(CONFIG_PATH)],
+         "--api-key", API_KEY],
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
@@ -99,7 +101,8 @@ def test_a_mooncake_slice_is_clipped_to_the_window_and_its_shared_block_is_cache
     found in the engines' prefix caches. (The trace's next burst, nine at once from one
     API key, would meet the test cluster's per-key admission limits: a 429.)"""
     completed = replay(pdserve, tmp_path, "mooncake_fast25_conversation.jsonl",
-                       "--start", "5", "--max-requests", "6", "--max-model-len", "2048")
+                       "--start", "5", "--max-requests", "6", "--max-model-len", "2048",
+                       "--config", str(CONFIG_PATH))
     assert "6 requests, 5 clipped and 0 skipped" in completed.stdout, completed.stdout
     result = json.loads((tmp_path / "run-mooncake_fast25_conversation-x1.json").read_text())
     assert result["all"]["requests"] == result["all"]["completed"] == 6
