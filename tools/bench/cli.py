@@ -18,7 +18,12 @@ import os
 from pathlib import Path
 
 from tools.bench.defaults import BENCH_CONFIG, IDLE_SAMPLE_S
-from tools.bench.rate_match import DEFAULT_MAX_PROBES, DEFAULT_START_RATE, DEFAULT_TOLERANCE
+from tools.bench.rate_match import (
+    DEFAULT_MAX_PROBES,
+    DEFAULT_START_RATE,
+    DEFAULT_TOLERANCE,
+    MIN_RATE,
+)
 from tools.bench.workload import WorkloadSpec
 
 
@@ -218,6 +223,10 @@ def _search_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--search-max-probes", type=int, default=DEFAULT_MAX_PROBES,
                         help="with --trace: at most this many probes (runs of the slice) "
                              "per setup")
+    parser.add_argument("--search-min-rate", type=float, default=MIN_RATE,
+                        help="with --trace: halve no lower than this rate, requests/s (a "
+                             "setup that fails here is reported as failing at every rate "
+                             "probed; each halving doubles a probe's time)")
     parser.add_argument("--search-tolerance", type=float, default=DEFAULT_TOLERANCE,
                         help="with --trace: stop once the lowest failed rate is within this "
                              "factor of the highest held one")

@@ -161,6 +161,13 @@ def best(history: History) -> float | None:
     return bracket(history)[0]
 
 
+def shown_rate(history: History) -> float | None:
+    """The rate whose probe stands for a setup in a plot over time: its highest rate
+    that held, else (none held) its lowest probed; None before any probe."""
+    held = best(history)
+    return held if held is not None else min((rate for rate, _ in history), default=None)
+
+
 # ---- engine cores --------------------------------------------------------------------
 
 @dataclass(frozen=True)

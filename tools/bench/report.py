@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from tools.bench.stats import RequestRecord
+from tools.bench.stats import RequestRecord, timeline
 
 
 def _ms(value: float | None) -> str:
@@ -133,4 +133,39 @@ def goodput_rate_plot(path: Path, curves: dict[str, list[tuple[float, float, boo
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def trace_timeline_plot(path: Path, runs: dict[str, list[RequestRecord]], title: str,
+                        window_s: float) -> None:
+    """A trace replay over time, one row per run (a setup at a rate): p95 TTFT and p95 ITL
+    of the requests sent in each ``window_s`` window (``stats.timeline``), beside the
+    arrival rate on a second axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, rows = plt.subplots(len(runs), 2, figsize=(11, 3.2 * len(runs)), squeeze=False)
+    for (label, records), (ttft_axes, itl_axes) in zip(runs.items(), rows, strict=True):
+        bins = timeline(records, window_s)
+        times = [b.start_s + window_s / 2 for b in bins]
+        for axes, key, name in ((ttft_axes, "ttft_p95_s", "TTFT p95"),
+                                (itl_axes, "itl_p95_s", "ITL p95")):
+            points = [(t, getattr(b, key) * 1000) for t, b in zip(times, bins, strict=True)
+                      if getattr(b, key) is not None]
+            axes.plot([t for t, _ in points], [v for _, v in points], marker=".",
+                      color="tab:blue", label=name)
+            axes.set_ylabel(f"{name} (ms)", color="tab:blue")
+            axes.set_xlabel("seconds into the run (by send time)")
+            axes.set_title(f"{label}: {name}", fontsize=10)
+            axes.grid(True, alpha=0.3)
+            rate = axes.twinx()
+            rate.step(times, [b.arrivals_per_s for b in bins], where="mid",
+                      color="tab:grey", alpha=0.7)
+            rate.set_ylabel(f"arrivals/s ({window_s:g} s windows)", color="tab:grey")
+    figure.suptitle(title)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
     plt.close(figure)

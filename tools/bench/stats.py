@@ -100,3 +100,42 @@ def ratio(a: float | None, b: float | None) -> float | None:
     if a is None or b is None or b == 0:
         return None
     return a / b
+
+
+@dataclass(frozen=True)
+class TimelineBin:
+    """One window of a run, by when its requests were sent: how fast they arrived, and
+    the p95 TTFT and p95 inter-token gap of those of them that were answered (None:
+    none was, or none streamed two tokens)."""
+
+    start_s: float
+    arrivals_per_s: float
+    ttft_p95_s: float | None
+    itl_p95_s: float | None
+
+
+def timeline(records: list[RequestRecord], window_s: float) -> list[TimelineBin]:
+    """``records`` in consecutive windows of ``window_s`` seconds from the first send to
+    the last: a trace replay's arrival rate beside the latencies it met, over time."""
+    if window_s <= 0:
+        raise ValueError(f"window_s must be > 0, not {window_s}")
+    if not records:
+        return []
+    first = min(r.sent_at for r in records)
+    count = int((max(r.sent_at for r in records) - first) // window_s) + 1
+    windows: list[list[RequestRecord]] = [[] for _ in range(count)]
+    for record in records:
+        windows[int((record.sent_at - first) // window_s)].append(record)
+    return [TimelineBin(first + i * window_s, len(sent) / window_s,
+                        percentile([r.ttft for r in sent if r.ok], 95),
+                        percentile([g for r in sent if r.ok for g in r.inter_token_gaps], 95))
+            for i, sent in enumerate(windows)]
+
+
+def timeline_window(records: list[RequestRecord], windows: int = 30) -> float:
+    """A timeline's window, whole seconds: about ``windows`` of them over the span of the
+    records' sends, at least 1 s."""
+    if not records:
+        return 1.0
+    span = max(r.sent_at for r in records) - min(r.sent_at for r in records)
+    return float(max(1, round(span / windows)))

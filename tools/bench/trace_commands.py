@@ -12,7 +12,7 @@ from cluster.engine.args import CPU_BIND_ENV
 from tools.bench import rate_match, report, trace
 from tools.bench.measure import measure_requests
 from tools.bench.servers import all_cores_bind, machine, warm_up
-from tools.bench.stats import SLO
+from tools.bench.stats import SLO, RequestRecord, timeline_window
 from tools.bench.workload import PlannedRequest, WorkloadSpec
 
 # ---- run --trace -----------------------------------------------------------------------
@@ -45,6 +45,9 @@ def run_trace(args, served_config: PDServeConfig | None, slo: SLO,
         print(report.table(f"{name} @ {label}", summary["all"]))
         runs.append((label, trace.mean_rate(paced) or 0.0, records, summary))
     report.write_runs(args.out, name, f"trace {name}", runs)
+    report.trace_timeline_plot(
+        args.out / f"run-{name}-timeline.png", {label: records for label, _, records, _ in runs},
+        f"trace {name} over time", timeline_window([r for _, _, rs, _ in runs for r in rs]))
     print(f"results in {args.out}/")
     return 0
 
@@ -201,6 +204,15 @@ def compare_trace(args, config: PDServeConfig, slo: SLO, setups: dict,
         {setup: [(p["rate"], p["all"]["goodput_requests_per_s"], p["held"]) for p in runs]
          for setup, runs in probes.items()},
         f"goodput against offered rate, trace {name} (filled: SLO held)")
+    shown = {setup: rate_match.shown_rate([(p["rate"], p["held"]) for p in runs])
+             for setup, runs in probes.items()}
+    at_best = {f"{setup} @ {rate:.3g}/s": [RequestRecord(**r) for p in probes[setup]
+                                           if p["rate"] == rate for r in p["records"]]
+               for setup, rate in shown.items() if rate is not None}
+    report.trace_timeline_plot(
+        args.out / f"compare-trace-{name}-timeline.png", at_best,
+        f"trace {name} over time, each setup at its highest rate that held (else its lowest)",
+        timeline_window([r for records in at_best.values() for r in records]))
     print(f"results in {args.out}/")
     return 0
 
@@ -210,7 +222,8 @@ def _rate_search(args) -> rate_match.RateSearch:
     try:
         return rate_match.RateSearch(start=args.search_start_rate,
                                      max_probes=args.search_max_probes,
-                                     tolerance=args.search_tolerance)
+                                     tolerance=args.search_tolerance,
+                                     min_rate=args.search_min_rate)
     except ValueError as error:
         raise SystemExit(f"bench compare --search-*: {error}") from None
 

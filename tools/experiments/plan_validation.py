@@ -20,6 +20,14 @@ predicted with the serving layer fitted on the first cluster's:
     .venv/bin/python tools/experiments/plan_validation.py --rates 1,1.5,2 --fit-rates 1,1.5 \
         --held-out-set router.disaggregation_threshold_tokens=256 --held-out-rates 1.5,2
 
+``--trace`` also records a public trace's slice on the first cluster (``bench run
+--trace``, time-scaled to each of ``--trace-rates``), after the synthetic runs; its runs
+are predicted with the serving layer fitted on those (docs/planning.md, "On a real trace"):
+
+    .venv/bin/python tools/experiments/plan_validation.py --rates 1,1.5 --fit-rates 1,1.5 \
+        --repeats 2 --num-requests 60 --trace $TRACES/azure_llm_2023_conv.csv \
+        --trace-rates 1,1.5 --trace-args "--max-requests 60"
+
 ``--set`` changes the served config (``bench variants``' syntax: ``a.b=1,c=2``) and
 ``--workload-args`` adds ``pdserve bench run`` workload flags: conversations and shared
 heads, whose prefix-cache work the replay predicts beside the engines' counters (with
@@ -72,6 +80,14 @@ def main() -> None:
                         "runs are all held out, a.b=1,c=2")
     parser.add_argument("--held-out-rates", default=None,
                         help="the second cluster's rates (default --rates)")
+    parser.add_argument("--trace", type=Path, default=None,
+                        help="also record this request trace's slice (`bench run --trace`) "
+                        "at each of --trace-rates, --repeats times, on the first cluster; "
+                        "its runs are all predicted")
+    parser.add_argument("--trace-rates", default="1",
+                        help="the trace slice's mean rates, requests/s (time-scaled)")
+    parser.add_argument("--trace-args", default="--max-requests 60",
+                        help="more `pdserve bench run --trace` flags (the slice), quoted")
     args = parser.parse_args()
     rates = [float(rate) for rate in args.rates.split(",")]
     fit_rates = ([float(rate) for rate in args.fit_rates.split(",")] if args.fit_rates
@@ -99,7 +115,16 @@ def main() -> None:
     pdserve("plan", "replay", "--config", str(args.config), "--calibration",
             str(calibration), "--out", str(args.out), *reuse, *held_out,
             "--fit-runs", str(len(fit_rates) * args.repeats),
-            *[part for trace in traces for part in ("--trace", str(trace))])
+            *[part for trace in traces + recorded_trace(args)
+              for part in ("--trace", str(trace))])
+
+
+def recorded_trace(args) -> list[Path]:
+    """The runs of ``--trace`` that ``serve_and_run`` recorded: by rate, then repeat."""
+    if args.trace is None:
+        return []
+    return [args.out / f"trace-repeat{repeat}" / f"run-{args.trace.stem}-{float(rate)}.json"
+            for rate in args.trace_rates.split(",") for repeat in range(1, args.repeats + 1)]
 
 
 def recorded(args, rates: str, prefix: str) -> list[Path]:
@@ -140,6 +165,15 @@ def serve_and_run(args, config_path: Path, rates: str, prefix: str) -> list[str]
         for repeat in range(1, args.repeats + 1):
             pdserve(*bench_run, "--rates", rates, "--prompt-salt", f"{prefix}repeat{repeat}",
                     "--out", str(args.out / f"{prefix}repeat{repeat}"))
+        if args.trace is not None and not prefix:
+            # the same slice each repeat, its prompts salted apart by the seed
+            for repeat in range(1, args.repeats + 1):
+                pdserve("bench", "run", "--config", str(config_path), "--base-url", base_url,
+                        "--model", config.model.name, "--tokenizer", str(config.model.path),
+                        "--no-progress", "--trace", str(args.trace),
+                        *shlex.split(args.trace_args), "--rates", args.trace_rates,
+                        "--seed", str(1000 + repeat),
+                        "--out", str(args.out / f"trace-repeat{repeat}"))
         if "--turns" not in args.workload_args or prefix:
             return []
         # how much of an answer the next turn repeats
