@@ -26,6 +26,11 @@ class PoolRoutingConfig(StrictModel):
         "load report, as one dispatcher would fill the pool (routers that cannot see "
         "each other's sends would otherwise all pick the same least loaded replica); "
         "false: always the least loaded. One router alone ranks the same either way")
+    random_choice: bool = Field(
+        False, description="a benchmark's baseline, not for serving: each request's first "
+        "choice drawn uniformly among the replicas that are alive, fresh and not to be "
+        "avoided, blind to load and prefixes (`bench variants` measures what the "
+        "ranking gains over it)")
 
 
 class PrefillRoutingConfig(PoolRoutingConfig):

@@ -32,6 +32,7 @@ class PrefillPolicy:
     index_capacity: int               # blocks remembered by the PrefixIndex
     stale_after_s: float              # a report older than this ranks its replica last
     spread: bool = True               # draw the first choice when other routers send too
+    random_choice: bool = False       # a baseline: uniform among the usable replicas
 
     @classmethod
     def from_config(cls, config: PrefillRoutingConfig, block_size: int) -> PrefillPolicy:
@@ -40,7 +41,7 @@ class PrefillPolicy:
         return cls(block_size=block_size, max_blocks=config.max_blocks,
                    max_imbalance_tokens=config.max_imbalance_tokens,
                    index_capacity=config.index_capacity, stale_after_s=config.stale_after_s,
-                   spread=config.spread)
+                   spread=config.spread, random_choice=config.random_choice)
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,9 @@ def rank_prefill(
         return (load.dead, load.replica_id in avoid, load.stale, cost, -saved,
                 load.prefill_queue, tie[load.replica_id])
 
+    if policy.random_choice:
+        ranked = _at_random(loads, tie, avoid)
+        return PrefillChoice(tuple(load.replica_id for load in ranked), saving(ranked[0]))
     keys = {load.replica_id: key(load) for load in loads}
     ranked = sorted(loads, key=lambda load: keys[load.replica_id])
     if policy.spread and others > 0 and rng is not None and prompt_tokens > 0:
@@ -123,6 +127,7 @@ class DecodePolicy:
     max_blocks: int = 512             # leading blocks hashed per prompt (and answer)
     index_capacity: int = 100_000     # blocks remembered by the decode PrefixIndex
     spread: bool = True               # draw the first choice when other routers send too
+    random_choice: bool = False       # a baseline: uniform among the usable replicas
 
     @classmethod
     def from_config(cls, config: DecodeRoutingConfig, max_num_seqs: int,
@@ -134,7 +139,7 @@ class DecodePolicy:
                    default_max_num_seqs=max_num_seqs, stale_after_s=config.stale_after_s,
                    affinity_slots=config.prefix_affinity_slots, block_size=block_size,
                    max_blocks=config.max_blocks, index_capacity=config.index_capacity,
-                   spread=config.spread)
+                   spread=config.spread, random_choice=config.random_choice)
 
 
 def decode_score(load: ReplicaLoad, policy: DecodePolicy) -> float:
@@ -180,6 +185,8 @@ def rank_decode(
     streams (and this one) poured over the replicas' scores less their bonus, lowest
     first, each stream taking a sequence slot (``water_fill_shares``)."""
     tie = _tie_breaks(loads, rng)
+    if policy.random_choice:
+        return tuple(load.replica_id for load in _at_random(loads, tie, avoid))
     matched = matched_blocks or {}
 
     def key(load: ReplicaLoad):
@@ -200,6 +207,15 @@ def rank_decode(
         levels = {r: keys[r][5] for r in slots}
         ranked = _draw_first(ranked, in_draw, levels, others + 1, rng, slots)
     return tuple(load.replica_id for load in ranked)
+
+
+def _at_random(loads: Sequence[ReplicaLoad], tie: Mapping[ReplicaId, object],
+               avoid: Collection[ReplicaId]) -> list[ReplicaLoad]:
+    """The random-choice baseline's ranking, blind to load and prefixes: the usable
+    replicas first, then stale ones, then those to avoid, dead ones last; within each, in
+    the order of ``tie`` (uniform when it was drawn)."""
+    return sorted(loads, key=lambda load: (load.dead, load.replica_id in avoid, load.stale,
+                                           tie[load.replica_id]))
 
 
 def _tie_breaks(loads: Sequence[ReplicaLoad], rng: random.Random | None) -> dict[str, object]:

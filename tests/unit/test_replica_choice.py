@@ -707,3 +707,39 @@ def test_a_routing_report_carries_the_finished_requests_counter():
     stats = EngineStats(role="decode", engine_id="d", requests_finished=7)
     assert finished_of(routing_stats_from(stats, reported_at=1.0)) == 7
     assert finished_of({"requests_finished": "7"}) is None and finished_of(None) is None
+
+
+# -- the random-choice baseline -----------------------------------------------------------
+
+
+def test_random_choice_is_uniform_over_usable_replicas_blind_to_load_and_prefixes():
+    """The benchmark's baseline (``random_choice``): a loaded replica holding none of the
+    prompt is first as often as an idle one holding all of it; a dead, avoided or stale
+    replica is never first while a usable one is left."""
+    loads = [ReplicaLoad("idle", queued_prefill_tokens=0),
+             ReplicaLoad("busy", queued_prefill_tokens=50_000, running_seqs=200,
+                         kv_usage=0.9),
+             ReplicaLoad("dead", dead=True), ReplicaLoad("stale", stale=True),
+             ReplicaLoad("avoided")]
+    prefill = prefill_policy(random_choice=True)
+    decode = DecodePolicy.from_config(DecodeRoutingConfig(random_choice=True),
+                                      max_num_seqs=256)
+    rng = random.Random(7)
+    firsts = {"prefill": [], "decode": []}
+    for _ in range(2000):
+        firsts["prefill"].append(rank_prefill(
+            64, {"idle": 4}, loads, prefill, rng, avoid={"avoided"}).ranking[0])
+        firsts["decode"].append(rank_decode(
+            loads, decode, rng, {"idle": 4}, 64, pinned="idle", avoid={"avoided"})[0])
+    for pool, chosen in firsts.items():
+        assert set(chosen) == {"idle", "busy"}, pool
+        assert 900 <= chosen.count("busy") <= 1100, pool   # 1,000 expected; sd ~22
+    ranking = rank_decode(loads, decode, rng, avoid={"avoided"})
+    assert ranking[2:] == ("stale", "avoided", "dead")
+
+
+def test_the_routing_config_turns_the_random_baseline_on_per_pool():
+    routing = parse_config({"model": {"name": "m", "path": "/m"}, "router": {"routing": {
+        "prefill": {"random_choice": True}}}}).router.routing
+    assert PrefillPolicy.from_config(routing.prefill, 16).random_choice
+    assert not DecodePolicy.from_config(routing.decode, 256).random_choice
