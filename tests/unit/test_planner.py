@@ -40,8 +40,11 @@ from tools.planner.search import (
     cheapest,
     configurations,
     predict,
+    prefill_alone_s,
     search,
     slice_of,
+    ttft_floor_p95,
+    unreachable_ttft,
     weighted_percentile,
 )
 from tools.planner.serving_cost import (
@@ -229,6 +232,36 @@ def test_the_search_finds_a_cluster_that_meets_the_slos_and_none_smaller_does():
     smaller = [p for p in plan.tried if p.prefill_replicas <= plan.prediction.prefill_replicas
                and p.decode_replicas <= plan.prediction.decode_replicas and p != plan.prediction]
     assert smaller and not any(p.meets(inputs.slo) for p in smaller)
+
+
+def test_a_prompt_alone_takes_its_chunks_steps_each_after_the_ones_before():
+    inputs = small_inputs()
+    cost, budget = inputs.prefill_cost, inputs.prefill.max_num_batched_tokens
+    assert prefill_alone_s(inputs, 100) == cost.step_time(100, prefill_pairs(100), 100)
+    # two chunks: the second attends to the first
+    assert prefill_alone_s(inputs, budget + 10) == pytest.approx(
+        cost.step_time(budget, prefill_pairs(budget), budget)
+        + cost.step_time(10, prefill_pairs(10, budget), budget + 10))
+    # a prefix cache's share of each prompt is not computed
+    cached = replace(inputs, prefix_hit=0.5)
+    assert prefill_alone_s(cached, 2 * budget) == pytest.approx(
+        cost.step_time(budget, prefill_pairs(budget, budget), 2 * budget))
+
+
+def test_an_slo_under_the_p95_prompts_own_prefill_is_refused_before_any_simulation():
+    """However large the pool, no p95 TTFT is below the p95 of the prompts' prefill
+    alone: the search says so at once instead of growing the pool for 40 steps."""
+    inputs = small_inputs()
+    floor, prompt = ttft_floor_p95(inputs)
+    assert 0 < floor < inputs.slo.ttft_p95_s and prompt > 0
+    assert unreachable_ttft(inputs) is None
+    tight = replace(inputs, slo=Slo(ttft_p95_s=floor * 0.9, itl_p95_s=0.05))
+    reason = unreachable_ttft(tight)
+    assert reason is not None and f"({prompt:,} tokens)" in reason
+    with pytest.raises(RuntimeError, match="no cluster can meet the p95 TTFT SLO"):
+        search(tight)
+    # and no plan met an SLO under the floor: the p95 TTFT of the plan above it
+    assert search(inputs).prediction.ttft_s["p95"] >= floor
 
 
 def test_the_planned_cluster_is_a_config_pdserve_loads():

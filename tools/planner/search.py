@@ -30,7 +30,7 @@ from tools.planner.des import (
 )
 from tools.planner.model import prefill_pairs
 from tools.planner.speculation import Speculation
-from tools.planner.workload import diurnal_shape, mean_lengths, requests
+from tools.planner.workload import diurnal_shape, mean_lengths, prompt_lengths, requests
 
 # Simulated seconds read for nothing: the slice starts empty, and its first requests
 # meet idle engines no steady load would give them.
@@ -299,12 +299,54 @@ class Plan:
         return sum(map(sum, self.gpus_by_hour(peak_to_mean, night_share)))
 
 
+def prefill_alone_s(inputs: PlanInputs, prompt_tokens: int) -> float:
+    """Seconds an idle prefill engine takes to compute one prompt of ``prompt_tokens``
+    (less the prefix cache's share): its chunks of ``max_num_batched_tokens``, each step
+    after the ones before. No TTFT of that prompt can be shorter, however large the pool."""
+    budget = inputs.prefill.max_num_batched_tokens
+    done = int(prompt_tokens * inputs.prefix_hit)
+    seconds = 0.0
+    while done < prompt_tokens:
+        chunk = min(budget, prompt_tokens - done)
+        seconds += inputs.prefill_cost.step_time(chunk, prefill_pairs(chunk, done),
+                                                 done + chunk)
+        done += chunk
+    return seconds
+
+
+def ttft_floor_p95(inputs: PlanInputs, samples: int = 4_000) -> tuple[float, int]:
+    """(The p95 of the workload's prompts' ``prefill_alone_s``, the p95 prompt length):
+    a bound under any cluster's p95 TTFT, since queueing, the transfer and the first
+    decode step only add to it."""
+    lengths = prompt_lengths(inputs.workload, samples)
+    return (percentile([prefill_alone_s(inputs, n) for n in lengths], 95),
+            percentile(lengths, 95))
+
+
+def unreachable_ttft(inputs: PlanInputs) -> str | None:
+    """Why no pool size can meet the TTFT SLO (None when one may): the workload's p95
+    prompt alone, on an idle prefill replica, already takes longer."""
+    floor, prompt = ttft_floor_p95(inputs)
+    if floor <= inputs.slo.ttft_p95_s:
+        return None
+    return (f"no cluster can meet the p95 TTFT SLO of {inputs.slo.ttft_p95_s * 1000:.0f} "
+            f"ms: the workload's p95 prompt ({prompt:,} tokens) alone takes "
+            f"{floor * 1000:.0f} ms to prefill on an idle TP{inputs.prefill_cost.tp} "
+            "replica, before any queueing, transfer or decode step (a larger --prefill-tp, "
+            "a prefix cache's share, or a looser --ttft-p95)")
+
+
 def search(inputs: PlanInputs, growth: float = 1.08, max_steps: int = 40) -> Plan:
     """The first cluster, growing from the bracket, whose slice meets the SLOs, then each
     pool shrunk while they still hold. A pool grows while the part of the latency it owns
     misses: the decode pool for the ITL, and for the TTFT whichever of the two parts of
     the TTFT (before the KV reaches decode; waiting for a decode slot and the first step)
-    is the larger at p95."""
+    is the larger at p95. Refused at once (RuntimeError) when the TTFT SLO is out of any
+    cluster's reach (``unreachable_ttft``): the search would grow the prefill pool for its
+    40 steps, simulating ever larger slices, and fail."""
+    refusal = unreachable_ttft(inputs)
+    if refusal is not None:
+        raise RuntimeError(refusal)
     prefill, decode = bracket(inputs)
     tried = []
     for _ in range(max_steps):

@@ -114,6 +114,13 @@ def _later_turns(spec: WorkloadSpec, first: list[SimRequest], prefix_hit: float,
     return result[len(first):]
 
 
+def prompt_lengths(spec: WorkloadSpec, samples: int = 20_000) -> list[int]:
+    """``samples`` prompt lengths of ``spec``'s first turns, scaled (a trace's recorded
+    ones drawn uniformly; the drawn workloads' as the benchmark draws them), seeded."""
+    rng = random.Random(spec.seed + 8)
+    return [max(1, round(_lengths(spec, rng)[0] * spec.scale)) for _ in range(samples)]
+
+
 def mean_lengths(spec: WorkloadSpec, samples: int = 20_000) -> tuple[float, float]:
     """Mean prompt and output tokens of ``spec``'s requests (by sampling; a trace's
     exactly)."""
