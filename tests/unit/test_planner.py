@@ -43,7 +43,7 @@ from tools.planner.search import (
     prefill_alone_s,
     search,
     slice_of,
-    ttft_floor_p95,
+    ttft_floor,
     unreachable_ttft,
     weighted_percentile,
 )
@@ -235,33 +235,52 @@ def test_the_search_finds_a_cluster_that_meets_the_slos_and_none_smaller_does():
 
 
 def test_a_prompt_alone_takes_its_chunks_steps_each_after_the_ones_before():
+    """Each chunk's step as the simulator accounts it: its pairs over the tokens before
+    it, and those tokens as the context it reads (step_time adds the chunk's own)."""
     inputs = small_inputs()
     cost, budget = inputs.prefill_cost, inputs.prefill.max_num_batched_tokens
-    assert prefill_alone_s(inputs, 100) == cost.step_time(100, prefill_pairs(100), 100)
+    assert prefill_alone_s(cost, budget, 100) == cost.step_time(100, prefill_pairs(100), 0)
     # two chunks: the second attends to the first
-    assert prefill_alone_s(inputs, budget + 10) == pytest.approx(
-        cost.step_time(budget, prefill_pairs(budget), budget)
-        + cost.step_time(10, prefill_pairs(10, budget), budget + 10))
-    # a prefix cache's share of each prompt is not computed
-    cached = replace(inputs, prefix_hit=0.5)
-    assert prefill_alone_s(cached, 2 * budget) == pytest.approx(
-        cost.step_time(budget, prefill_pairs(budget, budget), 2 * budget))
+    assert prefill_alone_s(cost, budget, budget + 10) == pytest.approx(
+        cost.step_time(budget, prefill_pairs(budget), 0)
+        + cost.step_time(10, prefill_pairs(10, budget), budget))
+    # cached tokens are not computed, but the last token always is
+    assert prefill_alone_s(cost, budget, 2 * budget, budget) == pytest.approx(
+        cost.step_time(budget, prefill_pairs(budget, budget), budget))
+    assert prefill_alone_s(cost, budget, 100, 100) == cost.step_time(
+        1, prefill_pairs(1, 99), 99)
 
 
 def test_an_slo_under_the_p95_prompts_own_prefill_is_refused_before_any_simulation():
     """However large the pool, no p95 TTFT is below the p95 of the prompts' prefill
     alone: the search says so at once instead of growing the pool for 40 steps."""
     inputs = small_inputs()
-    floor, prompt = ttft_floor_p95(inputs)
-    assert 0 < floor < inputs.slo.ttft_p95_s and prompt > 0
+    floor, prompt, q = ttft_floor(inputs)
+    assert q == 95 and 0 < floor < inputs.slo.ttft_p95_s and prompt > 0
     assert unreachable_ttft(inputs) is None
     tight = replace(inputs, slo=Slo(ttft_p95_s=floor * 0.9, itl_p95_s=0.05))
     reason = unreachable_ttft(tight)
-    assert reason is not None and f"({prompt:,} tokens)" in reason
+    assert reason is not None and f"p95 of the workload's first prompts ({prompt:,} tokens)" \
+        in reason
     with pytest.raises(RuntimeError, match="no cluster can meet the p95 TTFT SLO"):
         search(tight)
     # and no plan met an SLO under the floor: the p95 TTFT of the plan above it
     assert search(inputs).prediction.ttft_s["p95"] >= floor
+
+
+def test_the_floor_leaves_out_what_may_be_cached_and_later_turns():
+    """A bound, never above what a cluster could reach: a shared head is taken as cached,
+    and with conversations of three turns only the first turns' p85 bounds the p95 of
+    all (later turns' histories may be cached)."""
+    inputs = small_inputs()
+    floor, _, _ = ttft_floor(inputs)
+    headed = replace(inputs, workload=replace(inputs.workload, shared_prefix_tokens=200,
+                                              prefix_groups=2))
+    assert ttft_floor(headed)[0] < floor
+    turns = replace(inputs, workload=replace(inputs.workload, turns=3))
+    turns_floor, _, q = ttft_floor(turns)
+    assert q == 85 and turns_floor < floor
+    assert ttft_floor(replace(inputs, workload=replace(inputs.workload, turns=20)))[0] == 0
 
 
 def test_the_planned_cluster_is_a_config_pdserve_loads():

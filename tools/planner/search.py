@@ -30,7 +30,7 @@ from tools.planner.des import (
 )
 from tools.planner.model import prefill_pairs
 from tools.planner.speculation import Speculation
-from tools.planner.workload import diurnal_shape, mean_lengths, prompt_lengths, requests
+from tools.planner.workload import diurnal_shape, first_turns, mean_lengths, requests
 
 # Simulated seconds read for nothing: the slice starts empty, and its first requests
 # meet idle engines no steady load would give them.
@@ -299,39 +299,56 @@ class Plan:
         return sum(map(sum, self.gpus_by_hour(peak_to_mean, night_share)))
 
 
-def prefill_alone_s(inputs: PlanInputs, prompt_tokens: int) -> float:
-    """Seconds an idle prefill engine takes to compute one prompt of ``prompt_tokens``
-    (less the prefix cache's share): its chunks of ``max_num_batched_tokens``, each step
-    after the ones before. No TTFT of that prompt can be shorter, however large the pool."""
-    budget = inputs.prefill.max_num_batched_tokens
-    done = int(prompt_tokens * inputs.prefix_hit)
+def prefill_alone_s(cost: Roofline, budget: int, prompt_tokens: int,
+                    cached_tokens: int = 0) -> float:
+    """Seconds an idle engine of ``cost`` and a ``budget`` of tokens a step takes to
+    compute a prompt of ``prompt_tokens`` past its ``cached_tokens``: its chunks, each
+    step after the ones before, accounted as the simulator steps them (des_engine.py).
+    No TTFT of that prompt can be shorter, however large the pool."""
+    done = min(cached_tokens, prompt_tokens - 1)   # the last token is always computed
     seconds = 0.0
     while done < prompt_tokens:
         chunk = min(budget, prompt_tokens - done)
-        seconds += inputs.prefill_cost.step_time(chunk, prefill_pairs(chunk, done),
-                                                 done + chunk)
+        seconds += cost.step_time(chunk, prefill_pairs(chunk, done), done)
         done += chunk
     return seconds
 
 
-def ttft_floor_p95(inputs: PlanInputs, samples: int = 4_000) -> tuple[float, int]:
-    """(The p95 of the workload's prompts' ``prefill_alone_s``, the p95 prompt length):
-    a bound under any cluster's p95 TTFT, since queueing, the transfer and the first
+def ttft_floor(inputs: PlanInputs, samples: int = 4_000) -> tuple[float, int, float]:
+    """(A bound under any cluster's p95 TTFT, the prompt length at it, the percentile of
+    first turns it is): each first turn's prompt computed alone on an idle engine
+    (``prefill_alone_s``; its prefix-cache share and its group's shared head taken as
+    cached; a prompt under the threshold on whichever engine is faster), at the
+    percentile of first turns that bounds the p95 of all requests: at most 5% of them
+    lie above it, and first turns are at least ``1 / turns`` of them (later turns,
+    whose histories may be cached, are left out). Queueing, the transfer and the first
     decode step only add to it."""
-    lengths = prompt_lengths(inputs.workload, samples)
-    return (percentile([prefill_alone_s(inputs, n) for n in lengths], 95),
-            percentile(lengths, 95))
+    workload = inputs.workload
+    q = 100 - 5 * max(1, workload.turns)
+    if q <= 0:
+        return 0.0, 0, 0.0
+    engines = {"prefill": (inputs.prefill_cost, inputs.prefill.max_num_batched_tokens),
+               "decode": (inputs.decode_cost, inputs.decode.max_num_batched_tokens)}
+    floors, lengths = [], []
+    for request in first_turns(replace(workload, num_requests=samples), inputs.prefix_hit):
+        cached = request.cached_tokens + request.group_tokens
+        where = (["prefill", "decode"] if request.prompt_tokens < inputs.threshold_tokens
+                 else ["prefill"])
+        floors.append(min(prefill_alone_s(*engines[pool], request.prompt_tokens, cached)
+                          for pool in where))
+        lengths.append(request.prompt_tokens)
+    return percentile(floors, q), percentile(lengths, q), q
 
 
 def unreachable_ttft(inputs: PlanInputs) -> str | None:
-    """Why no pool size can meet the TTFT SLO (None when one may): the workload's p95
-    prompt alone, on an idle prefill replica, already takes longer."""
-    floor, prompt = ttft_floor_p95(inputs)
+    """Why no pool size can meet the TTFT SLO (None when one may): the workload's long
+    prompts alone, on idle engines, already take longer (``ttft_floor``)."""
+    floor, prompt, q = ttft_floor(inputs)
     if floor <= inputs.slo.ttft_p95_s:
         return None
     return (f"no cluster can meet the p95 TTFT SLO of {inputs.slo.ttft_p95_s * 1000:.0f} "
-            f"ms: the workload's p95 prompt ({prompt:,} tokens) alone takes "
-            f"{floor * 1000:.0f} ms to prefill on an idle TP{inputs.prefill_cost.tp} "
+            f"ms: the p{q:g} of the workload's first prompts ({prompt:,} tokens) alone "
+            f"takes {floor * 1000:.0f} ms to prefill on an idle TP{inputs.prefill_cost.tp} "
             "replica, before any queueing, transfer or decode step (a larger --prefill-tp, "
             "a prefix cache's share, or a looser --ttft-p95)")
 

@@ -39,12 +39,14 @@ def requests(spec: WorkloadSpec, prefix_hit: float = 0.0,
         raise ValueError(f"a prefix-cache hit rate is in [0, 1), not {prefix_hit}")
     check_answer_reuse(answer_reuse)
     conversations = -(-spec.num_requests // spec.turns)
-    first = _first_turns(replace(spec, num_requests=conversations,
+    first = first_turns(replace(spec, num_requests=conversations,
                                  rate=spec.rate / spec.turns), prefix_hit)
     return first + _later_turns(spec, first, prefix_hit, answer_reuse)
 
 
-def _first_turns(spec: WorkloadSpec, prefix_hit: float) -> list[SimRequest]:
+def first_turns(spec: WorkloadSpec, prefix_hit: float) -> list[SimRequest]:
+    """``spec.num_requests`` first turns at ``spec.rate``, as ``requests`` builds them
+    (lengths, shared heads, the prefix-cache share), seeded."""
     rng = random.Random(spec.seed)
     lengths = random.Random(spec.seed + 1)
     groups = random.Random(spec.seed + 3)
@@ -112,13 +114,6 @@ def _later_turns(spec: WorkloadSpec, first: list[SimRequest], prefix_hit: float,
                                   versions=before.next_versions(repeated),
                                   follows=previous, think_s=think_s))
     return result[len(first):]
-
-
-def prompt_lengths(spec: WorkloadSpec, samples: int = 20_000) -> list[int]:
-    """``samples`` prompt lengths of ``spec``'s first turns, scaled (a trace's recorded
-    ones drawn uniformly; the drawn workloads' as the benchmark draws them), seeded."""
-    rng = random.Random(spec.seed + 8)
-    return [max(1, round(_lengths(spec, rng)[0] * spec.scale)) for _ in range(samples)]
 
 
 def mean_lengths(spec: WorkloadSpec, samples: int = 20_000) -> tuple[float, float]:
