@@ -103,6 +103,8 @@ def main() -> None:
         pdserve("plan", "calibrate", "--config", str(args.config), "--out", str(calibration))
     reuse = serve_and_run(args, args.config, args.rates, "")
     traces = recorded(args, args.rates, "")
+    trace_runs = ([] if args.trace is None
+                  else recorded(args, args.trace_rates, "trace-", args.trace.stem))
     held_out = []
     if args.held_out_set:
         held_out_config = served_config(args.config, args.held_out_set,
@@ -115,21 +117,14 @@ def main() -> None:
     pdserve("plan", "replay", "--config", str(args.config), "--calibration",
             str(calibration), "--out", str(args.out), *reuse, *held_out,
             "--fit-runs", str(len(fit_rates) * args.repeats),
-            *[part for trace in traces + recorded_trace(args)
-              for part in ("--trace", str(trace))])
+            *[part for trace in traces + trace_runs for part in ("--trace", str(trace))])
 
 
-def recorded_trace(args) -> list[Path]:
-    """The runs of ``--trace`` that ``serve_and_run`` recorded: by rate, then repeat."""
-    if args.trace is None:
-        return []
-    return [args.out / f"trace-repeat{repeat}" / f"run-{args.trace.stem}-{float(rate)}.json"
-            for rate in args.trace_rates.split(",") for repeat in range(1, args.repeats + 1)]
-
-
-def recorded(args, rates: str, prefix: str) -> list[Path]:
-    """The runs ``serve_and_run`` recorded at ``rates``: by rate, then repeat."""
-    return [args.out / f"{prefix}repeat{repeat}" / f"run-reference-{float(rate)}.json"
+def recorded(args, rates: str, prefix: str, workload: str = "reference") -> list[Path]:
+    """The runs of ``workload`` (``bench run`` names them after it: the synthetic
+    workload's name, a trace file's stem) that ``serve_and_run`` recorded at ``rates``
+    into ``{prefix}repeat{N}/``: by rate, then repeat."""
+    return [args.out / f"{prefix}repeat{repeat}" / f"run-{workload}-{float(rate)}.json"
             for rate in rates.split(",") for repeat in range(1, args.repeats + 1)]
 
 
